@@ -1,0 +1,30 @@
+from sklearn.base import ClassNamePrefixFeaturesOutMixin, ClusterMixin, TransformerMixin
+
+from .base import RemoteClusterer, RemoteEstimator, RemoteTransformer
+
+
+class GPUKMeans(ClassNamePrefixFeaturesOutMixin, TransformerMixin, ClusterMixin,
+                RemoteClusterer, RemoteTransformer, RemoteEstimator):
+    """cuml.cluster.KMeans: k-means clustering (scalable k-means++ initialisation)."""
+
+    _remote_name = "KMeans"
+
+    def __init__(self, *, n_clusters=8, max_iter=300, tol=1e-4, random_state=1,
+                 init="scalable-k-means++", n_init="auto", oversampling_factor=2.0,
+                 max_samples_per_batch=1 << 15):
+        self.n_clusters = n_clusters
+        self.max_iter = max_iter
+        self.tol = tol
+        self.random_state = random_state
+        self.init = init
+        self.n_init = n_init
+        self.oversampling_factor = oversampling_factor
+        self.max_samples_per_batch = max_samples_per_batch
+
+    def score(self, X, y=None, sample_weight=None):
+        kwargs = {} if sample_weight is None else {"sample_weight": sample_weight}
+        return self._call_remote("score", X, **kwargs)
+
+    @property
+    def _n_features_out(self):
+        return self.cluster_centers_.shape[0]

@@ -1,0 +1,213 @@
+"""Backends: the fixed tables of estimator classes a worker can build.
+
+A request names a class by its short name ("SVC"); the worker looks it up in
+its backend's table and nowhere else, so no request can reach any other
+class, module or file. ``cuml`` runs on the GPU; ``sklearn`` runs the
+scikit-learn class of the same name on the CPU (CI, and the oracle that the
+bridge's results must equal).
+"""
+
+import importlib
+import inspect
+import logging
+import platform
+
+import cloudpickle
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+# short name -> (scikit-learn class, cuML class)
+CLASSES = {
+    "StandardScaler": ("sklearn.preprocessing.StandardScaler", "cuml.preprocessing.StandardScaler"),
+    "PCA": ("sklearn.decomposition.PCA", "cuml.decomposition.PCA"),
+    "LogisticRegression": ("sklearn.linear_model.LogisticRegression", "cuml.linear_model.LogisticRegression"),
+    "SVC": ("sklearn.svm.SVC", "cuml.svm.SVC"),
+    "KMeans": ("sklearn.cluster.KMeans", "cuml.cluster.KMeans"),
+}
+
+# Methods a request may call on a fitted estimator (if the class has them).
+METHODS = frozenset({
+    "fit", "fit_transform", "fit_predict", "partial_fit",
+    "predict", "predict_proba", "predict_log_proba", "decision_function",
+    "transform", "inverse_transform", "score", "score_samples", "kneighbors",
+})
+FIT_METHODS = frozenset({"fit", "fit_transform", "fit_predict"})
+
+
+def _load(path):
+    module, _, name = path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+class Backend:
+    """Builds estimators from the table and moves their fitted state."""
+
+    name = "?"
+    #: inputs are copied to device memory by the estimator, so views of the
+    #: shared pool may be passed without a copy
+    device_resident = False
+    #: float dtype the client should send (None: keep what the user gave)
+    float_dtype = None
+    column = 0  # which entry of CLASSES this backend uses
+
+    def __init__(self):
+        self._classes = {}
+
+    def estimator_class(self, name):
+        if not isinstance(name, str) or name not in CLASSES:
+            raise ValueError(f"unknown estimator {name!r}; this worker offers {sorted(CLASSES)}")
+        cls = self._classes.get(name)
+        if cls is None:
+            cls = self._classes[name] = _load(CLASSES[name][self.column])
+        return cls
+
+    def create(self, name, params):
+        """An unfitted estimator; parameters the class does not take are dropped and named."""
+        cls = self.estimator_class(name)
+        accepted = inspect.signature(cls).parameters
+        kept = {k: v for k, v in params.items() if k in accepted}
+        return cls(**kept), sorted(set(params) - set(kept))
+
+    def export_state(self, estimator):
+        """(format, bytes) of a fitted estimator, preferring plain scikit-learn."""
+        return "sklearn", cloudpickle.dumps(estimator)
+
+    def import_state(self, name, fmt, blob):
+        if fmt != "sklearn":
+            raise ValueError(f"the {self.name} backend cannot load state of format {fmt!r}")
+        model = cloudpickle.loads(blob)
+        expected = _load(CLASSES[name][0])
+        if not isinstance(model, expected):
+            raise TypeError(f"state is a {type(model).__name__}, expected {expected.__name__}")
+        return model
+
+    def versions(self):
+        import sklearn
+
+        return {"python": platform.python_version(), "numpy": np.__version__, "scikit-learn": sklearn.__version__}
+
+    def warm_up(self):
+        """Pay one-time set-up costs before the worker reports ready."""
+
+
+def _logistic_to_sklearn(params):
+    """cuML's penalty/solver to scikit-learn >= 1.8's l1_ratio (and C=inf for no penalty)."""
+    penalty = params.pop("penalty", "l2")
+    params.pop("solver", None)
+    l1_ratio = {"l1": 1.0, "elasticnet": params.get("l1_ratio")}.get(penalty, 0.0)
+    if penalty in (None, "none"):
+        params["C"] = float("inf")
+    params["l1_ratio"] = l1_ratio
+    params["solver"] = "lbfgs" if not l1_ratio else "saga"
+    return params
+
+
+def _svc_to_sklearn(params):
+    if params.get("probability") is False:
+        params.pop("probability")  # scikit-learn >= 1.9 deprecates the parameter itself
+    if params.get("multiclass_strategy") == "ovo":
+        params.pop("multiclass_strategy")  # what scikit-learn's SVC always does
+    return params
+
+
+def _kmeans_to_sklearn(params):
+    if params.get("init") in ("scalable-k-means++", "k-means||"):
+        params["init"] = "k-means++"
+    return params
+
+
+# cuML parameter values that mean something else (or nothing) to scikit-learn
+TO_SKLEARN = {
+    "LogisticRegression": _logistic_to_sklearn,
+    "SVC": _svc_to_sklearn,
+    "KMeans": _kmeans_to_sklearn,
+}
+
+
+class SklearnBackend(Backend):
+    name = "sklearn"
+    column = 0
+
+    def create(self, name, params):
+        translate = TO_SKLEARN.get(name)
+        return super().create(name, translate(dict(params)) if translate else params)
+
+
+class CumlBackend(Backend):
+    name = "cuml"
+    column = 1
+    device_resident = True
+    float_dtype = "float32"
+
+    def __init__(self):
+        super().__init__()
+        import cuml
+
+        cuml.set_global_output_type("numpy")
+        self._cuml = cuml
+
+    def export_state(self, estimator):
+        as_sklearn = getattr(estimator, "as_sklearn", None)
+        if as_sklearn is not None:
+            try:
+                return "sklearn", cloudpickle.dumps(as_sklearn())
+            except Exception:  # noqa: BLE001 - conversion is optional; fall back to cuML's pickle
+                log.warning("as_sklearn() failed for %s; sending cuML's own pickle",
+                            type(estimator).__name__, exc_info=True)
+        return "cuml", cloudpickle.dumps(estimator)
+
+    def import_state(self, name, fmt, blob):
+        cls = self.estimator_class(name)
+        if fmt == "sklearn":
+            return cls.from_sklearn(super().import_state(name, fmt, blob))
+        if fmt == "cuml":
+            model = cloudpickle.loads(blob)
+            if not isinstance(model, cls):
+                raise TypeError(f"state is a {type(model).__name__}, expected {cls.__name__}")
+            return model
+        raise ValueError(f"unknown state format {fmt!r}")
+
+    def versions(self):
+        versions = super().versions()
+        versions["cuml"] = self._cuml.__version__
+        try:
+            import cupy
+
+            device = cupy.cuda.Device()
+            props = cupy.cuda.runtime.getDeviceProperties(device.id)
+            free, total = device.mem_info
+            versions["cupy"] = cupy.__version__
+            versions["gpu"] = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
+            versions["gpu_memory_total"] = int(total)
+        except Exception:  # noqa: BLE001 - informative only
+            log.debug("could not query the GPU", exc_info=True)
+        return versions
+
+    def warm_up(self):
+        rng = np.random.default_rng(0)
+        X = rng.standard_normal((256, 8)).astype(np.float32)
+        y = (X[:, 0] > 0).astype(np.int32)
+        for name in CLASSES:
+            est, _ = self.create(name, {})
+            try:
+                if name in ("LogisticRegression", "SVC"):
+                    est.fit(X, y)
+                else:
+                    est.fit(X)
+            except Exception:  # noqa: BLE001 - warm-up is best effort; real calls report errors
+                log.warning("warm-up of %s failed", name, exc_info=True)
+
+
+def make_backend(choice):
+    """The backend for ``auto|cuml|sklearn``; returns (backend, reason for fallback or None)."""
+    if choice == "sklearn":
+        return SklearnBackend(), None
+    if choice == "cuml":
+        return CumlBackend(), None
+    if choice != "auto":
+        raise ValueError(f"backend must be auto, cuml or sklearn, not {choice!r}")
+    try:
+        return CumlBackend(), None
+    except Exception as exc:  # noqa: BLE001 - any import failure means "no cuML here"
+        return SklearnBackend(), f"cuML is not usable here ({type(exc).__name__}: {exc})"
