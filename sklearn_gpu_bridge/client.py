@@ -243,6 +243,13 @@ class Connection:
         _, value, _ = self.request(header, {"args": args, "kwargs": kwargs}, out_nbytes=out_nbytes)
         return value["result"]
 
+    def echo(self, *arrays, out_nbytes=None):
+        """Send arrays to the worker and get them back (tests and benchmarks of the transport)."""
+        if out_nbytes is None:
+            out_nbytes = sum(a.nbytes for a in arrays) + 64 * len(arrays)
+        _, value, _ = self.request({"op": "echo"}, {"args": list(arrays), "kwargs": {}}, out_nbytes=out_nbytes)
+        return value["result"]
+
     def get_state(self, handle):
         reply, buffers = self._roundtrip({"op": "get_state", "handle": handle})
         if len(buffers) != 1:

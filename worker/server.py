@@ -36,7 +36,7 @@ from .registry import Registry
 log = logging.getLogger("sklearn_gpu_bridge.worker")
 
 QUICK_OPS = frozenset({"hello", "ping", "status", "release", "goodbye", "shutdown"})
-WORK_OPS = frozenset({"fit", "call", "get_state", "set_state"})
+WORK_OPS = frozenset({"fit", "call", "get_state", "set_state", "echo"})
 ALIGN = 64
 
 
@@ -347,6 +347,11 @@ class Worker:
         args, kwargs = self._args(header, buffers)
         result = getattr(entry.estimator, method)(*args, **kwargs)
         return self._reply_result(header, result, entry.estimator)
+
+    def _op_echo(self, header, buffers):
+        """Send the payload's arrays straight back: measures and tests the transport alone."""
+        args, kwargs = self._args(header, buffers)
+        return self._reply_result(header, args, None)
 
     def _op_get_state(self, header, buffers):
         entry = self.registry.get(header.get("handle"))
