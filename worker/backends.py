@@ -103,11 +103,12 @@ def _logistic_to_sklearn(params):
     return params
 
 
-def _svc_to_sklearn(params):
-    if params.get("probability") is False:
-        params.pop("probability")  # scikit-learn >= 1.9 deprecates the parameter itself
-    if params.get("multiclass_strategy") == "ovo":
-        params.pop("multiclass_strategy")  # what scikit-learn's SVC always does
+def _pca_to_sklearn(params):
+    """As cuML's own as_sklearn(): tol 1e-7 is scikit-learn's 0.0, 'jacobi' is 'auto'."""
+    if params.get("tol") == 1e-7:
+        params["tol"] = 0.0
+    if params.get("svd_solver") == "jacobi":
+        params["svd_solver"] = "auto"
     return params
 
 
@@ -120,7 +121,7 @@ def _kmeans_to_sklearn(params):
 # cuML parameter values that mean something else (or nothing) to scikit-learn
 TO_SKLEARN = {
     "LogisticRegression": _logistic_to_sklearn,
-    "SVC": _svc_to_sklearn,
+    "PCA": _pca_to_sklearn,
     "KMeans": _kmeans_to_sklearn,
 }
 

@@ -29,6 +29,9 @@ from ..client import get_connection
 from ..protocol import to_plain
 
 _STATE_KEYS = ("_remote", "_sklearn_model", "_backend_state")
+# Set locally by validation; the remote model's copies are never consulted (and
+# scikit-learn probes them with getattr on every call, which must stay free).
+_LOCAL_ATTRIBUTES = frozenset({"n_features_in_", "feature_names_in_", "classes_", "sklearn_model_"})
 
 
 class RemoteHandle:
@@ -164,7 +167,7 @@ class RemoteEstimator(BaseEstimator):
 
     def __getattr__(self, name):
         # Only reached when normal lookup fails: fitted attributes of the remote model.
-        if (name.endswith("_") and not name.startswith("_") and name != "sklearn_model_"
+        if (name.endswith("_") and not name.startswith("_") and name not in _LOCAL_ATTRIBUTES
                 and self.__sklearn_is_fitted__()):
             try:
                 return getattr(self.sklearn_model_, name)
@@ -216,13 +219,13 @@ def decode_labels(estimator, codes):
 
 
 class RemoteTransformer:
-    def fit(self, X, y=None, sample_weight=None):
-        self._fit_remote("fit", X, sample_weight=sample_weight)
+    def fit(self, X, y=None):
+        self._fit_remote("fit", X)
         return self
 
-    def fit_transform(self, X, y=None, sample_weight=None):
+    def fit_transform(self, X, y=None):
         """Fit and transform in one round trip."""
-        return self._fit_remote("fit_transform", X, sample_weight=sample_weight)
+        return self._fit_remote("fit_transform", X)
 
     def transform(self, X):
         return self._call_remote("transform", X)

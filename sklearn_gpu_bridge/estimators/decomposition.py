@@ -8,12 +8,11 @@ class GPUPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, RemoteInverseTra
 
     _remote_name = "PCA"
 
-    def __init__(self, *, copy=True, iterated_power=15, n_components=None, random_state=None,
-                 svd_solver="auto", tol=1e-7, whiten=False):
+    def __init__(self, *, copy=True, iterated_power=15, n_components=None, svd_solver="auto",
+                 tol=1e-7, whiten=False):
         self.copy = copy
         self.iterated_power = iterated_power
         self.n_components = n_components
-        self.random_state = random_state
         self.svd_solver = svd_solver
         self.tol = tol
         self.whiten = whiten

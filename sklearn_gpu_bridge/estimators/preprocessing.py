@@ -15,6 +15,14 @@ class GPUStandardScaler(OneToOneFeatureMixin, TransformerMixin, RemoteInverseTra
         self.with_mean = with_mean
         self.with_std = with_std
 
+    def fit(self, X, y=None, sample_weight=None):
+        self._fit_remote("fit", X, sample_weight=sample_weight)
+        return self
+
+    def fit_transform(self, X, y=None, sample_weight=None):
+        """Fit and transform in one round trip."""
+        return self._fit_remote("fit_transform", X, sample_weight=sample_weight)
+
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
         tags.input_tags.allow_nan = True
