@@ -20,6 +20,7 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import (
     FLOAT_DTYPES,
     _check_sample_weight,
+    check_array,
     check_is_fitted,
     validate_data,
 )
@@ -109,10 +110,17 @@ class RemoteEstimator(BaseEstimator):
 
     # ------------------------------------------------------------ calling
 
-    def _call_remote(self, method, X, **kwargs):
-        """Validate X against the fit, run ``method`` on the worker, return its result."""
+    def _call_remote(self, method, X, *, in_output_space=False, **kwargs):
+        """Validate X against the fit, run ``method`` on the worker, return its result.
+
+        ``in_output_space``: X is in the transformed space (inverse_transform),
+        so it is checked as an array but not against ``n_features_in_``.
+        """
         check_is_fitted(self)
-        X = validate_data(self, X, reset=False, **self._validation)
+        if in_output_space:
+            X = check_array(X, **self._validation)
+        else:
+            X = validate_data(self, X, reset=False, **self._validation)
         connection = get_connection()
         handle = self._handle_on(connection)
         return connection.call(handle, method, [_for_backend(X, connection)], kwargs,
@@ -233,7 +241,7 @@ class RemoteTransformer:
 
 class RemoteInverseTransformer(RemoteTransformer):
     def inverse_transform(self, X):
-        return self._call_remote("inverse_transform", X)
+        return self._call_remote("inverse_transform", X, in_output_space=True)
 
 
 class RemoteClassifier:
