@@ -243,6 +243,11 @@ class Connection:
         _, value, _ = self.request(header, {"args": args, "kwargs": kwargs}, out_nbytes=out_nbytes)
         return value["result"]
 
+    def attribute(self, handle, name):
+        """A public fitted attribute (``coef_`` ...) of a remote estimator."""
+        _, value, _ = self.request({"op": "attribute", "handle": handle, "name": name})
+        return value["result"]
+
     def echo(self, *arrays, out_nbytes=None):
         """Send arrays to the worker and get them back (tests and benchmarks of the transport)."""
         if out_nbytes is None:

@@ -14,6 +14,12 @@ EXPECTED_FAILURES = {
     "GPUSVC": {"check_sample_weight_equivalence_on_dense_data": _WEIGHTS},
     "GPUKMeans": {"check_sample_weight_equivalence_on_dense_data": _WEIGHTS},
 }
+if BACKEND == "cuml":
+    EXPECTED_FAILURES["GPULogisticRegression"] = {
+        "check_sample_weight_equivalence_on_dense_data": _WEIGHTS + "; cuML's qn solver",
+        "check_class_weight_classifiers": "cuML's qn solver weighs classes less than the check's "
+                                          "0.87 threshold expects (cuML's own behaviour)",
+    }
 if BACKEND == "sklearn":
     # cuML's default decision_function_shape="ovo" gives one column per class in cuML; the
     # scikit-learn backend runs scikit-learn's "ovo", whose pairwise columns argmax differently.

@@ -153,9 +153,9 @@ class CumlBackend(Backend):
         if as_sklearn is not None:
             try:
                 return "sklearn", cloudpickle.dumps(as_sklearn())
-            except Exception:  # noqa: BLE001 - conversion is optional; fall back to cuML's pickle
-                log.warning("as_sklearn() failed for %s; sending cuML's own pickle",
-                            type(estimator).__name__, exc_info=True)
+            except Exception as exc:  # noqa: BLE001 - conversion is optional; use cuML's pickle
+                log.info("%s has no scikit-learn form (%s); sending cuML's own pickle",
+                         type(estimator).__name__, exc)
         return "cuml", cloudpickle.dumps(estimator)
 
     def import_state(self, name, fmt, blob):

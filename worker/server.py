@@ -11,6 +11,7 @@ and counted; it never reaches pickle and never stops the loop.
 """
 
 import ipaddress
+import re
 import logging
 import os
 import signal
@@ -36,7 +37,9 @@ from .registry import Registry
 log = logging.getLogger("sklearn_gpu_bridge.worker")
 
 QUICK_OPS = frozenset({"hello", "ping", "status", "release", "goodbye", "shutdown"})
-WORK_OPS = frozenset({"fit", "call", "get_state", "set_state", "echo"})
+WORK_OPS = frozenset({"fit", "call", "attribute", "get_state", "set_state", "echo"})
+# a public fitted attribute: lower case, trailing underscore (coef_, n_iter_)
+FITTED_ATTRIBUTE = re.compile(r"^[a-z][a-z0-9_]*_$")
 ALIGN = 64
 
 
@@ -327,6 +330,10 @@ class Worker:
     def _reply_result(self, header, result, estimator, **extra):
         encoder = self._encoder(header)
         payload = encoder.encode({"result": None if result is estimator else result, **extra})
+        try:
+            payload = to_plain(payload)
+        except TypeError as exc:
+            raise TypeError(f"a result of type {exc} cannot be sent to the client") from None
         return {"payload": payload, "arrays": encoder.arrays}, encoder.buffers
 
     def _op_fit(self, header, buffers):
@@ -347,6 +354,13 @@ class Worker:
         args, kwargs = self._args(header, buffers)
         result = getattr(entry.estimator, method)(*args, **kwargs)
         return self._reply_result(header, result, entry.estimator)
+
+    def _op_attribute(self, header, buffers):
+        entry = self.registry.get(header.get("handle"))
+        name = header.get("name")
+        if not isinstance(name, str) or not FITTED_ATTRIBUTE.match(name):
+            raise AttributeError(f"{name!r} is not a public fitted attribute")
+        return self._reply_result(header, getattr(entry.estimator, name), entry.estimator)
 
     def _op_echo(self, header, buffers):
         """Send the payload's arrays straight back: measures and tests the transport alone."""

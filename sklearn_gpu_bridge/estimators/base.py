@@ -164,23 +164,31 @@ class RemoteEstimator(BaseEstimator):
 
     @property
     def sklearn_model_(self):
-        """The fitted model as the equivalent scikit-learn estimator (pulled once)."""
+        """The fitted model as the equivalent scikit-learn estimator (pulled once).
+
+        None where the backend cannot convert it (cuML has no scikit-learn form
+        of some models, e.g. a multiclass SVC); fitted attributes are then read
+        from the worker one by one.
+        """
         check_is_fitted(self)
-        if "_sklearn_model" not in self.__dict__:
+        if "_sklearn_model" not in self.__dict__ and "_backend_state" not in self.__dict__:
             self._pull_state()
-        model = self.__dict__.get("_sklearn_model")
-        if model is None:
-            raise AttributeError(f"{type(self).__name__} has no scikit-learn form on this backend")
-        return model
+        return self.__dict__.get("_sklearn_model")
 
     def __getattr__(self, name):
         # Only reached when normal lookup fails: fitted attributes of the remote model.
         if (name.endswith("_") and not name.startswith("_") and name not in _LOCAL_ATTRIBUTES
                 and self.__sklearn_is_fitted__()):
-            try:
-                return getattr(self.sklearn_model_, name)
-            except AttributeError:
-                pass
+            model = self.sklearn_model_
+            if model is not None:
+                if hasattr(model, name):
+                    return getattr(model, name)
+            else:
+                connection = get_connection()
+                try:
+                    return connection.attribute(self._handle_on(connection), name)
+                except AttributeError:
+                    pass
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __getstate__(self):
@@ -200,6 +208,12 @@ class RemoteEstimator(BaseEstimator):
                 f"this is {__version__}", UserWarning, stacklevel=2,
             )
         super().__setstate__(state)
+
+
+def float32_transformer_tags(tags):
+    """A GPU transformer computes in float32; only that dtype is promised to be preserved."""
+    tags.transformer_tags.preserves_dtype = ["float32"]
+    return tags
 
 
 def _for_backend(X, connection):
@@ -223,7 +237,9 @@ def decode_labels(estimator, codes):
 
 # ---------------------------------------------------------------- method sets
 # Each wrapper mixes in the methods its scikit-learn class has; each is one
-# validated round trip.
+# validated round trip. They come FIRST in a wrapper's bases, so that their
+# one-trip fit_transform / fit_predict win over scikit-learn's mixins (which
+# would fit, then make a second trip).
 
 
 class RemoteTransformer:

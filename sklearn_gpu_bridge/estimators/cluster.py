@@ -1,10 +1,10 @@
 from sklearn.base import ClassNamePrefixFeaturesOutMixin, ClusterMixin, TransformerMixin
 
-from .base import RemoteClusterer, RemoteEstimator, RemoteTransformer
+from .base import RemoteClusterer, RemoteEstimator, RemoteTransformer, float32_transformer_tags
 
 
-class GPUKMeans(ClassNamePrefixFeaturesOutMixin, TransformerMixin, ClusterMixin,
-                RemoteClusterer, RemoteTransformer, RemoteEstimator):
+class GPUKMeans(RemoteClusterer, RemoteTransformer, ClassNamePrefixFeaturesOutMixin, TransformerMixin,
+                ClusterMixin, RemoteEstimator):
     """cuml.cluster.KMeans: k-means clustering (scalable k-means++ initialisation)."""
 
     _remote_name = "KMeans"
@@ -30,6 +30,9 @@ class GPUKMeans(ClassNamePrefixFeaturesOutMixin, TransformerMixin, ClusterMixin,
     def score(self, X, y=None, sample_weight=None):
         kwargs = {} if sample_weight is None else {"sample_weight": sample_weight}
         return self._call_remote("score", X, **kwargs)
+
+    def __sklearn_tags__(self):
+        return float32_transformer_tags(super().__sklearn_tags__())
 
     @property
     def _n_features_out(self):

@@ -1,9 +1,9 @@
 from sklearn.base import ClassNamePrefixFeaturesOutMixin, TransformerMixin
 
-from .base import RemoteEstimator, RemoteInverseTransformer
+from .base import RemoteEstimator, RemoteInverseTransformer, float32_transformer_tags
 
 
-class GPUPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, RemoteInverseTransformer, RemoteEstimator):
+class GPUPCA(RemoteInverseTransformer, ClassNamePrefixFeaturesOutMixin, TransformerMixin, RemoteEstimator):
     """cuml.decomposition.PCA: principal component analysis."""
 
     _remote_name = "PCA"
@@ -16,6 +16,9 @@ class GPUPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, RemoteInverseTra
         self.svd_solver = svd_solver
         self.tol = tol
         self.whiten = whiten
+
+    def __sklearn_tags__(self):
+        return float32_transformer_tags(super().__sklearn_tags__())
 
     @property
     def _n_features_out(self):

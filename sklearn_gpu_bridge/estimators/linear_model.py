@@ -3,7 +3,7 @@ from sklearn.base import ClassifierMixin
 from .base import RemoteEstimator, RemoteProbabilisticClassifier
 
 
-class GPULogisticRegression(ClassifierMixin, RemoteProbabilisticClassifier, RemoteEstimator):
+class GPULogisticRegression(RemoteProbabilisticClassifier, ClassifierMixin, RemoteEstimator):
     """cuml.linear_model.LogisticRegression (quasi-Newton solver on the GPU)."""
 
     _remote_name = "LogisticRegression"

@@ -1,11 +1,14 @@
 from sklearn.base import OneToOneFeatureMixin, TransformerMixin
 from sklearn.utils.validation import FLOAT_DTYPES
 
-from .base import RemoteEstimator, RemoteInverseTransformer
+from .base import RemoteEstimator, RemoteInverseTransformer, float32_transformer_tags
 
 
-class GPUStandardScaler(OneToOneFeatureMixin, TransformerMixin, RemoteInverseTransformer, RemoteEstimator):
-    """cuml.preprocessing.StandardScaler: remove the mean, scale to unit variance."""
+class GPUStandardScaler(RemoteInverseTransformer, OneToOneFeatureMixin, TransformerMixin, RemoteEstimator):
+    """cuml.preprocessing.StandardScaler: remove the mean, scale to unit variance.
+
+    cuML's ``fit`` takes no ``sample_weight``, so neither does this one.
+    """
 
     _remote_name = "StandardScaler"
     _validation = {"dtype": FLOAT_DTYPES, "ensure_all_finite": "allow-nan"}
@@ -15,15 +18,7 @@ class GPUStandardScaler(OneToOneFeatureMixin, TransformerMixin, RemoteInverseTra
         self.with_mean = with_mean
         self.with_std = with_std
 
-    def fit(self, X, y=None, sample_weight=None):
-        self._fit_remote("fit", X, sample_weight=sample_weight)
-        return self
-
-    def fit_transform(self, X, y=None, sample_weight=None):
-        """Fit and transform in one round trip."""
-        return self._fit_remote("fit_transform", X, sample_weight=sample_weight)
-
     def __sklearn_tags__(self):
-        tags = super().__sklearn_tags__()
+        tags = float32_transformer_tags(super().__sklearn_tags__())
         tags.input_tags.allow_nan = True
         return tags

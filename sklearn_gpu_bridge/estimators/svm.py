@@ -3,7 +3,7 @@ from sklearn.base import ClassifierMixin
 from .base import RemoteClassifier, RemoteEstimator
 
 
-class GPUSVC(ClassifierMixin, RemoteClassifier, RemoteEstimator):
+class GPUSVC(RemoteClassifier, ClassifierMixin, RemoteEstimator):
     """cuml.svm.SVC: C-support vector classification.
 
     Like cuML 26.10 (and scikit-learn >= 1.9, which deprecates ``probability``),
