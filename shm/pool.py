@@ -40,7 +40,18 @@ def default_directory():
 
 
 def pid_alive(pid):
-    """Whether a process with this pid exists (signal 0 probes without sending)."""
+    """Whether a process with this pid exists (without signalling it)."""
+    if sys.platform == "win32":  # os.kill(pid, 0) would TERMINATE the process on Windows
+        import ctypes
+
+        kernel32 = ctypes.windll.kernel32
+        handle = kernel32.OpenProcess(0x1000, False, pid)  # PROCESS_QUERY_LIMITED_INFORMATION
+        if not handle:
+            return False
+        code = ctypes.c_ulong()
+        kernel32.GetExitCodeProcess(handle, ctypes.byref(code))
+        kernel32.CloseHandle(handle)
+        return code.value == 259  # STILL_ACTIVE
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -189,7 +200,7 @@ class PoolAttachment:
     """The worker's view of one client's pool: validated byte ranges only."""
 
     def __init__(self, directory, name):
-        if not _NAME_RE.match(name or ""):
+        if not _NAME_RE.fullmatch(name or ""):  # fullmatch: "$" alone would accept a trailing newline
             raise PoolError(f"not a pool name: {name!r}")
         self.directory = directory
         self.name = name

@@ -21,7 +21,7 @@ import zmq
 
 from .config import ENV_PREFIX, get_config
 from .connect import default_connection_file, read_connection_file
-from .local_worker import LocalWorker
+from .local_worker import ensure_local_worker, is_local_connection_file
 from .errors import (
     ProtocolError,
     RemoteError,
@@ -38,7 +38,12 @@ log = logging.getLogger(__name__)
 ENV_CONNECTION_FILE = ENV_PREFIX + "CONNECTION_FILE"
 HELLO_TIMEOUT = 10.0
 POLL_SECONDS = 0.5
-START_HINT = "start one with:  sklearn-gpu-bridge worker --connection-file PATH"
+
+
+def start_hint(path="PATH"):
+    return f"start one with:  sklearn-gpu-bridge worker --connection-file {path}"
+
+
 # Remote exceptions are rebuilt only from these modules; others become RemoteError.
 SAFE_ERROR_MODULES = frozenset({
     "builtins", "sklearn.exceptions", "sklearn_gpu_bridge.errors", "numpy.linalg", "numpy.exceptions",
@@ -48,8 +53,10 @@ SAFE_ERROR_MODULES = frozenset({
 class Connection:
     """A process's link to one worker: sockets per thread, one pool, pending releases."""
 
-    def __init__(self, info, *, pool="auto", pool_directory=None, heartbeat_timeout=2.0, process=None):
+    def __init__(self, info, *, connection_file=None, pool="auto", pool_directory=None,
+                 heartbeat_timeout=2.0, process=None):
         self.info = info
+        self.connection_file = connection_file or "PATH"
         self.pid = os.getpid()
         self.client_id = new_id()
         self.process = process  # the local worker's Popen, to notice its death at once
@@ -106,7 +113,7 @@ class Connection:
         except WorkerLost as exc:
             raise WorkerUnavailable(
                 f"no worker answered at {self.info.address} within {HELLO_TIMEOUT:.0f} s "
-                f"(not running, or a different key); {START_HINT}"
+                f"(not running, or a different key); {start_hint(self.connection_file)}"
             ) from exc
         finally:
             if probe is not None:
@@ -358,7 +365,6 @@ def rebuild_error(reply):
 
 _lock = threading.RLock()
 _connection = None
-_local_worker = None
 _warned_fallback = False
 
 
@@ -390,17 +396,19 @@ def _connect():
     path, process = config["connection_file"], None
     if path is None and default_connection_file().exists():
         path = default_connection_file()
-    if path is None or (_local_worker is not None and str(path) == _local_worker.connection_file):
+    if path is None or is_local_connection_file(path):
         if path is None and not config["start_local_worker"]:
-            raise WorkerUnavailable(f"no worker is configured and start_local_worker is off; {START_HINT}")
-        worker = _ensure_local_worker(config)
-        path, process = worker.connection_file, worker.process
+            raise WorkerUnavailable(
+                f"no worker is configured and start_local_worker is off; {start_hint(default_connection_file())}"
+            )
+        path, process = ensure_local_worker(config["local_backend"], config["startup_timeout"], preferred=path)
+        os.environ[ENV_CONNECTION_FILE] = str(path)  # children started from now on find it at once
     try:
         info = read_connection_file(path)
     except FileNotFoundError:
-        raise WorkerUnavailable(f"connection file {path} does not exist; {START_HINT}") from None
+        raise WorkerUnavailable(f"connection file {path} does not exist; {start_hint(path)}") from None
     conn = Connection(
-        info, pool=config["pool"], pool_directory=config["pool_directory"],
+        info, connection_file=path, pool=config["pool"], pool_directory=config["pool_directory"],
         heartbeat_timeout=config["heartbeat_timeout"], process=process,
     )
     reason = conn.hello.get("fallback_reason")
@@ -408,13 +416,3 @@ def _connect():
         _warned_fallback = True
         warnings.warn(f"sklearn-gpu-bridge: running on scikit-learn (CPU): {reason}", RuntimeWarning, stacklevel=4)
     return conn
-
-
-def _ensure_local_worker(config):
-    global _local_worker
-    if _local_worker is None or not _local_worker.alive:
-        if _local_worker is not None:
-            _local_worker.stop()
-        _local_worker = LocalWorker(config["local_backend"], config["startup_timeout"]).start()
-        os.environ[ENV_CONNECTION_FILE] = _local_worker.connection_file
-    return _local_worker

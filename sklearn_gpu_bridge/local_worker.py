@@ -1,69 +1,143 @@
-"""The local worker: started by the client when no worker is configured.
+"""The local worker: started for the client when no worker is configured.
 
-It runs ``python -m sklearn_gpu_bridge.worker`` with this interpreter, waits
-for its connection file (written once the worker is warm), and stops it when
-this process exits. The worker also watches this process and stops by itself
-if it dies without saying goodbye.
+One per user process tree. The process that calls first starts
+``python -m sklearn_gpu_bridge.worker`` with this interpreter and waits for
+its connection file (written once the worker is warm). The file's name is
+keyed by the *owner*: the process itself, or, in a joblib/multiprocessing
+child, its parent. So when ``GridSearchCV(n_jobs=2)`` makes its first fits in
+two children, they find (or start, under a lock) the one worker of their
+parent instead of one each. The worker stops when its owner exits: the owner
+stops it at exit, and the worker also watches the owner's pid.
 """
 
 import atexit
+import getpass
+import multiprocessing
 import os
-import shutil
+import re
+import signal
 import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
+from .connect import read_connection_file
 from .errors import WorkerUnavailable
+from .shm import pid_alive
+
+_NAME = re.compile(r"^local-(\d+)\.json$")
+_stopped_at_exit = set()
 
 
-class LocalWorker:
-    def __init__(self, backend="auto", startup_timeout=300.0):
-        self.backend = backend
-        self.startup_timeout = startup_timeout
-        self.folder = tempfile.mkdtemp(prefix="sklearn-gpu-bridge-")
-        self.connection_file = os.path.join(self.folder, "worker.json")
-        self.log_file = os.path.join(self.folder, "worker.log")
-        self.process = None
+def rendezvous_folder():
+    """A private folder of this user for the local workers' connection files."""
+    folder = Path(tempfile.gettempdir()) / f"sklearn-gpu-bridge-{getpass.getuser()}"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    return folder
 
-    @property
-    def alive(self):
-        return self.process is not None and self.process.poll() is None
 
-    def start(self):
-        command = [
-            sys.executable, "-m", "sklearn_gpu_bridge.worker", "--backend", self.backend,
-            "--connection-file", self.connection_file, "--parent-pid", str(os.getpid()),
-        ]
-        with open(self.log_file, "ab") as log:
-            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        atexit.register(self.stop)
-        deadline = time.monotonic() + self.startup_timeout
-        while not os.path.exists(self.connection_file):
-            if self.process.poll() is not None:
-                raise WorkerUnavailable(
-                    f"the local worker exited with code {self.process.returncode}:\n{self.log_tail()}"
-                )
-            if time.monotonic() > deadline:
-                self.stop()
-                raise WorkerUnavailable(f"the local worker was not ready within {self.startup_timeout:.0f} s")
-            time.sleep(0.05)
-        return self
+def is_local_connection_file(path):
+    path = Path(path)
+    return path.parent == rendezvous_folder() and _NAME.match(path.name) is not None
 
-    def log_tail(self, lines=20):
-        try:
-            with open(self.log_file, errors="replace") as f:
-                return "".join(f.readlines()[-lines:])
-        except OSError:
-            return ""
 
-    def stop(self):
-        """SIGTERM (the worker stops cleanly), then SIGKILL after 5 s."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
+def owner_pid():
+    """This process, or its parent when it is a multiprocessing/loky child."""
+    parent = multiprocessing.parent_process()
+    return parent.pid if parent is not None else os.getpid()
+
+
+def _running(path):
+    """The worker pid in a connection file, if that worker is alive."""
+    try:
+        pid = read_connection_file(path).pid
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    return pid if pid_alive(pid) else None
+
+
+class _Lock:
+    """An exclusive lock file (portable); a lock left by a dead process is broken."""
+
+    def __init__(self, path, timeout):
+        self.path, self.timeout = Path(path), timeout
+
+    def __enter__(self):
+        deadline = time.monotonic() + self.timeout
+        while True:
             try:
-                self.process.wait(5)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        shutil.rmtree(self.folder, ignore_errors=True)
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+            except FileExistsError:
+                try:
+                    holder = int(self.path.read_text() or 0)
+                except (OSError, ValueError):
+                    holder = 0
+                if holder and not pid_alive(holder):
+                    self.path.unlink(missing_ok=True)
+                elif time.monotonic() > deadline:
+                    raise WorkerUnavailable(f"timed out waiting for the lock {self.path}") from None
+                else:
+                    time.sleep(0.05)
+                continue
+            os.write(fd, str(os.getpid()).encode())
+            os.close(fd)
+            return self
+
+    def __exit__(self, *exc):
+        self.path.unlink(missing_ok=True)
+
+
+def ensure_local_worker(backend, startup_timeout, preferred=None):
+    """(connection file, Popen or None) of a running local worker, starting one if needed."""
+    if preferred is not None and _running(preferred):
+        path, process = Path(preferred), None
+    else:
+        owner = owner_pid()
+        folder = rendezvous_folder()
+        path, process = folder / f"local-{owner}.json", None
+        with _Lock(folder / f"local-{owner}.lock", startup_timeout):
+            if not _running(path):
+                path.unlink(missing_ok=True)
+                process = _start(backend, path, folder / f"local-{owner}.log", owner, startup_timeout)
+    if path.name == f"local-{os.getpid()}.json" and path not in _stopped_at_exit:
+        _stopped_at_exit.add(path)  # the owner stops it, whoever started it
+        atexit.register(stop_local_worker, path, process)
+    return path, process
+
+
+def _start(backend, path, log_file, owner, startup_timeout):
+    command = [
+        sys.executable, "-m", "sklearn_gpu_bridge.worker", "--backend", backend,
+        "--connection-file", str(path), "--parent-pid", str(owner),
+    ]
+    with open(log_file, "ab") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + startup_timeout
+    while not path.exists():
+        if process.poll() is not None:
+            tail = "".join(Path(log_file).read_text(errors="replace").splitlines(True)[-20:])
+            raise WorkerUnavailable(f"the local worker exited with code {process.returncode}:\n{tail}")
+        if time.monotonic() > deadline:
+            process.kill()
+            raise WorkerUnavailable(f"the local worker was not ready within {startup_timeout:.0f} s")
+        time.sleep(0.05)
+    return process
+
+
+def stop_local_worker(path, process=None):
+    """SIGTERM (the worker stops cleanly and removes its file), then SIGKILL after 5 s."""
+    pid = process.pid if process is not None else _running(path)
+    if pid is not None and pid_alive(pid):
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        while not _exited(pid, process):
+            if time.monotonic() > deadline:
+                os.kill(pid, getattr(signal, "SIGKILL", signal.SIGTERM))
+                break
+            time.sleep(0.05)
+    Path(path).with_suffix(".log").unlink(missing_ok=True)
+
+
+def _exited(pid, process):
+    return process.poll() is not None if process is not None else not pid_alive(pid)

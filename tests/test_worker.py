@@ -1,0 +1,159 @@
+"""The worker's life: ready, busy, stopped, killed, started by the client itself."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import numpy as np
+import pytest
+from sklearn.datasets import make_classification
+
+import sklearn_gpu_bridge
+from sklearn_gpu_bridge import GPUKMeans, GPUSVC, GPUStandardScaler, VersionMismatch, WorkerLost, WorkerUnavailable
+from sklearn_gpu_bridge.shm import pid_alive
+
+from .conftest import BACKEND, WorkerProcess, use_worker
+
+
+def _long_fit_data():
+    """A fit that keeps the CPU backend busy for seconds (a cuML one would be too quick)."""
+    return make_classification(n_samples=6000, n_features=50, flip_y=0.4, random_state=0)
+
+
+def _wait_dead(pid, seconds=10):
+    deadline = time.monotonic() + seconds
+    while pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not pid_alive(pid)
+
+
+@pytest.mark.skipif(BACKEND != "sklearn", reason="needs a fit of seconds; cuML is too fast for that here")
+def test_ping_and_status_answer_while_a_long_fit_runs(fresh_worker):
+    X, y = _long_fit_data()
+    connection = sklearn_gpu_bridge.get_connection()
+    fitted = []
+    fitting = threading.Thread(target=lambda: fitted.append(GPUSVC(C=100).fit(X, y)))
+    fitting.start()
+    time.sleep(0.5)
+    answered_while_busy = 0
+    while fitting.is_alive():
+        assert connection.ping(timeout=1.0)
+        assert connection.status()["backend"] == BACKEND
+        answered_while_busy += 1
+        time.sleep(0.2)
+    fitting.join()
+    assert answered_while_busy >= 2
+    assert fitted and fitted[0].predict(X[:5]).shape == (5,)
+
+
+@pytest.mark.skipif(BACKEND != "sklearn", reason="needs a fit of seconds; cuML is too fast for that here")
+def test_killed_worker_mid_call_raises_worker_lost(fresh_worker):
+    X, y = _long_fit_data()
+    errors = []
+
+    def fit():
+        try:
+            GPUSVC(C=100).fit(X, y)
+        except Exception as exc:  # noqa: BLE001 - the test inspects it
+            errors.append(exc)
+
+    fitting = threading.Thread(target=fit)
+    fitting.start()
+    time.sleep(1.0)
+    fresh_worker.process.kill()
+    killed_at = time.monotonic()
+    fitting.join(timeout=30)
+    assert not fitting.is_alive(), "the client hung on a dead worker"
+    assert len(errors) == 1 and isinstance(errors[0], WorkerLost), errors
+    print(f"WorkerLost raised {time.monotonic() - killed_at:.2f} s after SIGKILL")
+
+
+def test_sigterm_stops_cleanly_and_removes_the_connection_file(tmp_path):
+    process = WorkerProcess(tmp_path)
+    process.process.send_signal(signal.SIGTERM)
+    assert process.process.wait(15) == 0
+    assert not process.connection_file.exists()
+    assert "worker stopped" in process.log()
+
+
+def test_shutdown_request(fresh_worker):
+    connection = sklearn_gpu_bridge.get_connection()
+    connection._roundtrip({"op": "shutdown"}, timeout=5)
+    assert fresh_worker.process.wait(15) == 0
+
+
+def test_protocol_version_mismatch_is_a_clear_error(connection):
+    with pytest.raises(VersionMismatch, match="protocol 999"):
+        connection._roundtrip({"op": "hello", "protocol_version": 999}, timeout=5)
+    assert connection.ping()
+
+
+def test_missing_connection_file_names_the_command(tmp_path):
+    path = tmp_path / "absent.json"
+    sklearn_gpu_bridge.reset_connection()
+    with sklearn_gpu_bridge.config_context(connection_file=str(path)):
+        with pytest.raises(WorkerUnavailable, match=f"sklearn-gpu-bridge worker --connection-file {path}"):
+            GPUStandardScaler().fit(np.ones((3, 2)))
+    sklearn_gpu_bridge.reset_connection()
+
+
+def test_unknown_operation_gets_an_error_not_a_crash(connection):
+    with pytest.raises(sklearn_gpu_bridge.ProtocolError, match="unknown operation"):
+        connection._roundtrip({"op": "format_disk"}, timeout=5)
+    assert connection.ping()
+
+
+def test_local_worker_is_started_shared_with_joblib_children_and_stopped(tmp_path):
+    """No worker configured: the first call starts one; n_jobs=2 children use it; exit stops it."""
+    script = textwrap.dedent("""
+        import json, warnings
+        import numpy as np
+        from sklearn.datasets import load_iris
+        from sklearn.model_selection import GridSearchCV
+        from sklearn.pipeline import Pipeline
+        import sklearn_gpu_bridge
+        from sklearn_gpu_bridge import GPUStandardScaler, GPUSVC
+        X, y = load_iris(return_X_y=True)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            pipe = Pipeline([("sc", GPUStandardScaler()), ("svm", GPUSVC())])
+            GridSearchCV(pipe, {"svm__C": [0.1, 1, 10]}, cv=3, n_jobs=2).fit(X, y)
+        connection = sklearn_gpu_bridge.get_connection()
+        status = connection.status()
+        print(json.dumps({
+            "worker_pid": connection.info.pid, "backend": status["backend"],
+            "hellos": status["requests"]["hello"], "pool_files": connection.pool.paths,
+            "warnings": [str(w.message) for w in caught if "running on scikit-learn" in str(w.message)],
+        }))
+    """)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SKLEARN_GPU_BRIDGE_")}
+    env.update(SKLEARN_GPU_BRIDGE_LOCAL_BACKEND="auto", XDG_RUNTIME_DIR=str(tmp_path))
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    assert report["hellos"] >= 2, "the joblib children did not reach the parent's worker"
+    if report["backend"] == "sklearn":
+        assert len(report["warnings"]) == 1  # said once, not per call or per child
+    assert _wait_dead(report["worker_pid"]), "the local worker outlived its client"
+    assert not any(os.path.exists(p) for p in report["pool_files"])
+
+
+def test_worker_off_loopback_encrypts_with_curve(tmp_path):
+    """Bound to 0.0.0.0 the worker turns CurveZMQ on; a client with the file still works."""
+    process = WorkerProcess(tmp_path, extra_args=("--bind", "0.0.0.0"))
+    try:
+        assert process.info.curve_server_key and len(process.info.curve_server_key) == 40
+        use_worker(process)
+        X = np.random.default_rng(0).normal(size=(200, 4))
+        labels = GPUKMeans(n_clusters=2, random_state=0).fit_predict(X)
+        assert labels.shape == (200,)
+        connection = sklearn_gpu_bridge.get_connection()
+        assert connection.info.curve_server_key == process.info.curve_server_key
+    finally:
+        sklearn_gpu_bridge.reset_connection()
+        process.stop()
