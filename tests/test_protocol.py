@@ -1,0 +1,588 @@
+"""The wire format: signing, the plain-values header, and arrays as descriptors.
+
+In-process tests pin down :class:`Session`, :class:`Encoder` and
+:class:`Decoder`; the rest go through the real worker of the session, both
+through the client and through a raw DEALER socket that sends descriptors the
+client would never write.
+"""
+
+import os
+import pickle
+
+import numpy as np
+import pytest
+import zmq
+
+import sklearn_gpu_bridge
+from sklearn_gpu_bridge.errors import ProtocolError
+from sklearn_gpu_bridge.protocol import DTYPES, INLINE_MAX, Decoder, Encoder, Session, loads_header, new_id
+from sklearn_gpu_bridge.shm import Pool, PoolAttachment, PoolError
+
+KEY = os.urandom(32)
+RECV_TIMEOUT_MS = 5000
+
+
+def _message(session, **header):
+    return session.pack({"op": "ping", "id": new_id(), **header})
+
+
+# ---------------------------------------------------------------- Session
+
+
+def test_sign_unpack_round_trip():
+    sender, receiver = Session(KEY), Session(KEY)
+    frames = sender.pack({"op": "fit", "id": new_id(), "params": {"C": 1.5, "k": [1, (2, None)]}}, [b"raw"])
+    header, buffers = receiver.unpack(frames)
+    assert header["op"] == "fit"
+    assert header["params"] == {"C": 1.5, "k": [1, (2, None)]}
+    assert [bytes(b) for b in buffers] == [b"raw"]
+    assert not receiver.refused
+
+
+def test_key_given_as_str_signs_like_bytes():
+    frames = Session("secret").pack({"op": "ping", "id": new_id()})
+    assert Session(b"secret").unpack(frames)[0]["op"] == "ping"
+
+
+@pytest.mark.parametrize("key", [b"", "", None])
+def test_empty_key_is_refused(key):
+    with pytest.raises(ValueError, match="empty key"):
+        Session(key)
+
+
+def test_wrong_key_is_refused():
+    receiver = Session(KEY)
+    with pytest.raises(ProtocolError, match="signature"):
+        receiver.unpack(_message(Session(b"another key")))
+    assert receiver.refused == {"bad_signature": 1}
+
+
+def test_tampered_header_is_refused():
+    receiver = Session(KEY)
+    signature, header = _message(Session(KEY), handle=1)
+    tampered = header.replace(b"ping", b"stop")
+    assert tampered != header
+    with pytest.raises(ProtocolError, match="signature"):
+        receiver.unpack([signature, tampered])
+    assert receiver.refused == {"bad_signature": 1}
+
+
+@pytest.mark.parametrize("frames", [[], [b"only one frame"]], ids=["none", "one"])
+def test_truncated_message_is_refused(frames):
+    receiver = Session(KEY)
+    with pytest.raises(ProtocolError, match="signature and a header"):
+        receiver.unpack(frames)
+    assert receiver.refused == {"truncated": 1}
+
+
+def test_garbage_header_without_signature_is_refused_before_unpickling():
+    receiver = Session(KEY)
+    with pytest.raises(ProtocolError, match="signature"):
+        receiver.unpack([b"0" * 64, b"\x80\x05garbage"])
+    assert receiver.refused == {"bad_signature": 1}
+
+
+@pytest.mark.parametrize(
+    "header_bytes",
+    [
+        b"\x80\x05garbage",  # not a pickle
+        b"",  # empty
+        pickle.dumps(["op", "ping"], protocol=5),  # not a dict
+        pickle.dumps({"id": "x"}, protocol=5),  # no op
+        pickle.dumps({"op": 3}, protocol=5),  # op not a str
+        pickle.dumps({"op": "ping"}, protocol=5)[:-3],  # cut short
+    ],
+    ids=["garbage", "empty", "list", "no-op", "int-op", "cut"],
+)
+def test_signed_garbage_header_is_malformed(header_bytes):
+    sender, receiver = Session(KEY), Session(KEY)
+    with pytest.raises(ProtocolError):
+        receiver.unpack([sender.sign(header_bytes), header_bytes])
+    assert receiver.refused == {"malformed": 1}
+
+
+def test_replayed_message_is_refused():
+    sender, receiver = Session(KEY), Session(KEY)
+    frames = _message(sender)
+    receiver.unpack(frames)
+    for _ in range(2):
+        with pytest.raises(ProtocolError, match="replay"):
+            receiver.unpack(list(frames))
+    assert receiver.refused == {"replayed": 2}
+
+
+def test_replay_window_forgets_only_the_oldest():
+    sender, receiver = Session(KEY), Session(KEY, replay_window=3)
+    messages = [_message(sender) for _ in range(4)]
+    for frames in messages:
+        receiver.unpack(frames)
+    receiver.unpack(messages[0])  # pushed out of the window of 3
+    for frames in messages[2:]:
+        with pytest.raises(ProtocolError, match="replay"):
+            receiver.unpack(frames)
+
+
+class _Touch:
+    """Unpickling this would run ``os.system("touch <path>")``."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.path}",)
+
+
+def _evil_pickles(marker):
+    cmd = f"touch {marker}".encode()
+    return {
+        "reduce": pickle.dumps(_Touch(marker), protocol=5),
+        "nested-in-header": pickle.dumps({"op": "ping", "id": new_id(), "x": [_Touch(marker)]}, protocol=5),
+        "protocol-0-global": b"cos\nsystem\n(V" + cmd + b"\ntR.",
+        "inst": b"(V" + cmd + b"\nios\nsystem\n.",
+        "builtins-eval": b"cbuiltins\neval\n(V__import__('os').system('" + cmd + b"')\ntR.",
+        "harmless-global": pickle.dumps({"op": "ping", "t": np.float64}, protocol=5),
+    }
+
+
+def test_evil_pickles_really_would_run(tmp_path):
+    """The pickles below are live: plain pickle.loads runs them (so the refusal tests mean something)."""
+    marker = tmp_path / "proof"
+    pickle.loads(_evil_pickles(marker)["protocol-0-global"])
+    assert marker.exists()
+
+
+@pytest.mark.parametrize("name", list(_evil_pickles("x")))
+def test_signed_header_with_a_global_is_refused_and_nothing_runs(tmp_path, name):
+    marker = tmp_path / "MARKER"
+    header_bytes = _evil_pickles(marker)[name]
+    sender, receiver = Session(KEY), Session(KEY)
+    with pytest.raises(ProtocolError):
+        receiver.unpack([sender.sign(header_bytes), header_bytes])
+    assert receiver.refused == {"malformed": 1}
+    with pytest.raises(ProtocolError):
+        loads_header(header_bytes)
+    assert not marker.exists()
+
+
+# ---------------------------------------------------------------- Encoder / Decoder in process
+
+
+def _values(dtype, shape, seed=0):
+    rng = np.random.default_rng(seed)
+    wanted, dtype = np.dtype(dtype), np.dtype(dtype).newbyteorder("=")
+    n = int(np.prod(shape))
+    if dtype.kind == "b":
+        flat = rng.random(n) < 0.5
+    elif dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        flat = rng.integers(info.min, info.max, n, dtype=dtype, endpoint=True)
+        flat[: min(n, 2)] = [info.min, info.max][: min(n, 2)]
+    elif dtype.kind == "f":
+        flat = rng.standard_normal(n).astype(dtype)
+        flat[: min(n, 3)] = [np.nan, np.inf, -0.0][: min(n, 3)]
+    else:
+        flat = (rng.standard_normal(n) + 1j * rng.standard_normal(n)).astype(dtype)
+    return flat.astype(wanted).reshape(shape)
+
+
+_BASE = _values("float64", (6, 10), seed=1)
+_BIG = _values("float64", (20000,), seed=2)  # 160 KB: over the inline limit
+
+LAYOUTS = {
+    **{f"{np.dtype(t).name}-C": _values(t, (3, 5)) for t in sorted(DTYPES)},
+    "float64-F": np.asfortranarray(_values("float64", (4, 7))),
+    "int32-F": np.asfortranarray(_values("int32", (4, 7))),
+    "complex64-F": np.asfortranarray(_values("complex64", (5, 3))),
+    "bool-F": np.asfortranarray(_values("bool", (5, 3))),
+    "every-other-row": _BASE[::2],
+    "every-third-column": _BASE[:, ::3],
+    "inner-block": _BASE[1:5, 2:7],
+    "reversed-1d": _BASE[0][::-1],
+    "reversed-both-axes": _BASE[::-1, ::-2],
+    "transposed-3d": _values("int16", (2, 3, 4)).transpose(1, 0, 2),
+    "size-one-negative-stride": _BASE[0][::-1][:1],
+    "single-column": _BASE[:, 3:4],
+    "empty-1d": np.empty(0, "float32"),
+    "empty-rows": np.empty((0, 5), "int64"),
+    "empty-columns": np.empty((5, 0), "float64"),
+    "empty-3d": np.empty((2, 0, 3), "uint8"),
+    "empty-F": np.empty((0, 4), "complex128", order="F"),
+    "0d-float": np.array(3.25),
+    "0d-int8": np.array(-7, "int8"),
+    "0d-bool": np.array(True),
+    "big-endian-f8": _values(">f8", (3, 4)),
+    "big-endian-i4": _values(">i4", (4, 3)),
+    "big-endian-c16-F": np.asfortranarray(_values(">c16", (2, 3))),
+    "big-endian-u2-strided": _values(">u2", (20,))[::-3],
+    "1d": _values("float32", (17,)),
+    "3d-C": _values("float64", (2, 3, 4)),
+    "3d-F": np.asfortranarray(_values("uint32", (2, 3, 4))),
+    "big-1d": _BIG,
+    "big-F": np.asfortranarray(_BIG[: 200 * 50].reshape(200, 50)),
+    "big-strided": _BIG[::2],
+}
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory):
+    pool = Pool(str(tmp_path_factory.mktemp("pool")))
+    yield pool
+    pool.close()
+
+
+def _codec_pair(path, pool, leases):
+    """(encoder, read_pool) for one path: everything inline, as frames, or through a pool."""
+    if path == "inline":
+        return Encoder(inline_max=1 << 30), None
+    if path == "frame":
+        return Encoder(inline_max=0), None
+
+    def place(nbytes):
+        lease = pool.lease(nbytes)
+        leases.append(lease)
+        return lease.segment, lease.offset, lease.buffer()
+
+    return Encoder(place, inline_max=0), PoolAttachment(pool.directory, pool.name).buffer
+
+
+@pytest.mark.parametrize("path", ["inline", "frame", "pool"])
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_array_round_trip(name, path, pool):
+    original = LAYOUTS[name]
+    leases = []
+    try:
+        _round_trip(original, path, pool, leases)
+    finally:
+        for lease in leases:
+            lease.release()
+    assert pool.leased_slots == 0
+
+
+def _round_trip(original, path, pool, leases):
+    expected_dtype = original.dtype.newbyteorder("=")
+    encoder, read_pool = _codec_pair(path, pool, leases)
+    payload = encoder.encode({"x": original, "pair": [original, 1]})
+    assert encoder.counts[path if original.nbytes else "inline"] == 2
+    sender, receiver = Session(KEY), Session(KEY)
+    header, buffers = receiver.unpack(
+        sender.pack({"op": "echo", "id": new_id(), "payload": payload, "arrays": encoder.arrays}, encoder.buffers)
+    )
+    value = Decoder(header, buffers, read_pool=read_pool).decode(header["payload"])
+    assert value["pair"][1] == 1
+    for out in (value["x"], value["pair"][0]):
+        assert isinstance(out, np.ndarray)
+        assert out.shape == original.shape
+        assert out.dtype == expected_dtype and out.dtype.str in DTYPES
+        np.testing.assert_array_equal(out, original)
+        assert not out.flags.writeable  # a view of the message: read-only
+    writable = Decoder(header, buffers, read_pool=read_pool, writeable=True).decode(header["payload"])["x"]
+    assert writable.flags.writeable
+    np.testing.assert_array_equal(writable, original)
+
+
+@pytest.mark.parametrize("name", ["float64-F", "3d-C", "big-1d", "big-F"])
+def test_contiguous_arrays_travel_as_frames_without_a_copy(name):
+    original = LAYOUTS[name]
+    encoder = Encoder(inline_max=0)
+    header = {"payload": encoder.encode(original), "arrays": encoder.arrays}
+    assert np.shares_memory(encoder.buffers[0], original)
+    out = Decoder(header, encoder.buffers).decode(header["payload"])
+    assert np.shares_memory(out, original)
+    assert out.flags.c_contiguous == original.flags.c_contiguous
+    assert out.flags.f_contiguous == original.flags.f_contiguous
+
+
+def test_numpy_scalars_become_python_values():
+    value = Encoder().encode({"a": np.float32(1.5), "b": [np.int64(3), np.bool_(True)]})
+    assert value == {"a": 1.5, "b": [3, True]}
+    assert type(value["a"]) is float and type(value["b"][0]) is int and type(value["b"][1]) is bool
+
+
+@pytest.mark.parametrize(
+    "array",
+    [
+        np.array([1, "a", None], dtype=object),
+        np.array(["ab", "cd"]),
+        np.array([b"ab"]),
+        np.zeros(3, "datetime64[ns]"),
+        np.zeros(3, "timedelta64[s]"),
+        np.zeros(2, dtype=[("a", "<f8"), ("b", "<i4")]),
+        np.zeros(2, dtype=[("a", "O")]),
+    ],
+    ids=["object", "str", "bytes", "datetime", "timedelta", "struct", "struct-object"],
+)
+def test_unsupported_dtypes_raise_type_error(array):
+    with pytest.raises(TypeError, match="cannot be sent"):
+        Encoder().encode({"x": [array]})
+
+
+# ---------------------------------------------------------------- forged descriptors, in process
+
+
+def _desc(**overrides):
+    desc = {"dtype": "<f8", "shape": [2, 2], "order": "C", "where": "inline", "data": bytes(32)}
+    desc.update(overrides)
+    return {k: v for k, v in desc.items() if v is not _DROP}
+
+
+_DROP = object()
+
+FORGED = {
+    "dtype-object": _desc(dtype="|O"),
+    "dtype-str": _desc(dtype="<U4"),
+    "dtype-void": _desc(dtype="|V8"),
+    "dtype-big-endian": _desc(dtype=">f8"),
+    "dtype-datetime": _desc(dtype="<M8[ns]"),
+    "dtype-by-name": _desc(dtype="float64"),
+    "dtype-not-str": _desc(dtype=8),
+    "dtype-missing": _desc(dtype=_DROP),
+    "inline-too-short": _desc(data=bytes(31)),
+    "inline-too-long": _desc(data=bytes(40)),
+    "inline-not-bytes": _desc(data="\x00" * 32),
+    "frame-size-mismatch": _desc(where="frame", index=0, data=_DROP, shape=[3, 2]),
+    "negative-shape": _desc(shape=[-2, -2]),
+    "float-shape": _desc(shape=[2.0, 2]),
+    "bool-shape": _desc(shape=[True, 4]),
+    "shape-not-a-list": _desc(shape="22"),
+    "shape-too-many-dims": _desc(shape=[1] * 33, data=bytes(8)),
+    "frame-index-out-of-range": _desc(where="frame", index=1, data=_DROP),
+    "frame-index-negative": _desc(where="frame", index=-1, data=_DROP),
+    "frame-index-not-int": _desc(where="frame", index="0", data=_DROP),
+    "frame-index-missing": _desc(where="frame", data=_DROP),
+    "unknown-where": _desc(where="disk"),
+    "where-missing": _desc(where=_DROP),
+    "bad-order": _desc(order="K"),
+    "pool-without-pool": _desc(where="pool", segment=0, offset=0, data=_DROP),
+    "not-a-dict": ["<f8", [2, 2]],
+}
+
+
+@pytest.mark.parametrize("name", list(FORGED))
+def test_decoder_rejects_forged_descriptor(name):
+    header = {"op": "echo", "arrays": [FORGED[name]]}
+    decoder = Decoder(header, [bytes(32)])
+    with pytest.raises(ProtocolError):
+        decoder.decode({"x": {"__array__": 0}})
+
+
+@pytest.mark.parametrize("index", [1, -1, "0", None, 0.0])
+def test_decoder_rejects_array_and_blob_indexes_out_of_range(index):
+    decoder = Decoder({"arrays": [_desc()]}, [b"blob"])
+    with pytest.raises(ProtocolError):
+        decoder.decode([{"__array__": index}])
+    with pytest.raises(ProtocolError):
+        decoder.decode([{"__blob__": index}])
+    assert bytes(decoder.decode({"__blob__": 0})) == b"blob"
+
+
+def test_decoder_rejects_arrays_that_are_not_a_list():
+    with pytest.raises(ProtocolError):
+        Decoder({"arrays": {"0": _desc()}}, [])
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        {"segment": 0, "offset": 2**40},
+        {"segment": 0, "offset": -64},
+        {"segment": 7, "offset": 0},
+        {"segment": -1, "offset": 0},
+        {"segment": "0", "offset": 0},
+        {"segment": 0, "offset": None},
+        {"segment": 0, "offset": 0, "shape": [2**31, 2**31]},
+    ],
+    ids=["offset-huge", "offset-negative", "segment-missing", "segment-negative", "segment-str",
+         "offset-none", "shape-huge"],
+)
+def test_decoder_never_reads_outside_the_pool(pool, where):
+    lease = pool.lease(64)
+    try:
+        desc = _desc(where="pool", data=_DROP, **where)
+        decoder = Decoder({"arrays": [desc]}, [], read_pool=PoolAttachment(pool.directory, pool.name).buffer)
+        with pytest.raises((ProtocolError, PoolError)):
+            decoder.decode({"__array__": 0})
+    finally:
+        lease.release()
+
+
+# ---------------------------------------------------------------- through the real worker
+
+
+def _mixed_arrays(seed):
+    rng = np.random.default_rng(seed)
+    return [
+        rng.standard_normal((40, 30)),  # small: inline
+        np.asfortranarray(rng.standard_normal((120, 90)).astype("float32")),  # 43 KB, F
+        rng.integers(-(2**40), 2**40, (300, 70)),  # 168 KB: pool
+        rng.standard_normal((200, 200))[::2, ::-1],  # non-contiguous, 160 KB
+        rng.random(5) < 0.5,
+        np.array(2.5),
+        np.empty((0, 3), "int8"),
+        rng.standard_normal((3, 4, 5)).astype(">f8"),
+        (rng.standard_normal(20000) + 1j).astype("complex64"),  # 160 KB
+    ]
+
+
+def _check_echo(connection, arrays):
+    result = connection.echo(*arrays)
+    assert len(result) == len(arrays)
+    for out, original in zip(result, arrays):
+        assert out.shape == original.shape
+        assert out.dtype == original.dtype.newbyteorder("=")
+        np.testing.assert_array_equal(out, original)
+    return result
+
+
+def _delta(before, after):
+    return {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
+
+
+def test_small_arrays_go_inline(connection):
+    before = dict(connection.stats)
+    _check_echo(connection, [np.arange(100.0), np.ones((10, 10), "int32")])
+    assert _delta(before, connection.stats) == {"sent_inline": 2, "received_inline": 2}
+
+
+def test_large_arrays_go_through_the_pool(connection):
+    assert connection.pool is not None and connection.hello["pool"]
+    big = np.random.default_rng(0).standard_normal((300, 40))  # 96 KB > INLINE_MAX
+    before = dict(connection.stats)
+    out = _check_echo(connection, [big, np.arange(3)])
+    assert _delta(before, connection.stats) == {
+        "sent_pool": 1, "sent_inline": 1, "received_pool": 1, "received_inline": 1,
+    }
+    assert out[0].flags.writeable
+
+
+def test_without_the_pool_large_arrays_go_as_frames(worker):
+    big = np.random.default_rng(1).standard_normal((300, 40))
+    try:
+        with sklearn_gpu_bridge.config_context(pool="off"):
+            sklearn_gpu_bridge.reset_connection()
+            connection = sklearn_gpu_bridge.get_connection()
+            assert connection.pool is None
+            before = dict(connection.stats)
+            _check_echo(connection, [big, np.asfortranarray(big), np.arange(3)])
+            assert _delta(before, connection.stats) == {
+                "sent_frame": 2, "sent_inline": 1, "received_frame": 2, "received_inline": 1,
+            }
+    finally:
+        sklearn_gpu_bridge.reset_connection()
+    assert sklearn_gpu_bridge.get_connection().pool is not None
+
+
+@pytest.mark.parametrize("pool_setting", ["auto", "off"])
+def test_mixed_arrays_round_trip_through_the_worker(worker, pool_setting):
+    try:
+        with sklearn_gpu_bridge.config_context(pool=pool_setting):
+            sklearn_gpu_bridge.reset_connection()
+            connection = sklearn_gpu_bridge.get_connection()
+            for seed in range(3):
+                _check_echo(connection, _mixed_arrays(seed))
+            used = {k.split("_")[1] for k in connection.stats}
+            assert used == ({"inline", "pool"} if pool_setting == "auto" else {"inline", "frame"})
+    finally:
+        sklearn_gpu_bridge.reset_connection()
+
+
+# ---------------------------------------------------------------- forged descriptors sent to the worker
+
+
+class RawClient:
+    """A DEALER socket that signs what it is given, however wrong; every receive times out."""
+
+    def __init__(self, worker):
+        self.context = zmq.Context()
+        self.socket = self.context.socket(zmq.DEALER)
+        self.socket.linger = 0
+        self.socket.connect(worker.info.address)
+        self.session = Session(worker.info.key_bytes)
+
+    def send(self, header, buffers=()):
+        header = {"id": new_id(), "client": "raw-" + new_id(), **header}
+        self.socket.send_multipart(self.session.pack(header, buffers))
+        return header["id"]
+
+    def reply(self, msg_id, timeout_ms=RECV_TIMEOUT_MS):
+        assert self.socket.poll(timeout_ms), "no reply from the worker"
+        reply, buffers = self.session.unpack(self.socket.recv_multipart())
+        assert reply["parent"] == msg_id
+        return reply, buffers
+
+    def close(self):
+        self.socket.close(linger=0)
+        self.context.term()
+
+
+@pytest.fixture
+def raw(worker):
+    client = RawClient(worker)
+    yield client
+    client.close()
+
+
+def _echo_header(connection, desc, **extra):
+    return {
+        "op": "echo", "pool": connection.pool.name, "arrays": [desc],
+        "payload": {"args": [{"__array__": 0}], "kwargs": {}}, **extra,
+    }
+
+
+def _pool_desc(**overrides):
+    return _desc(**{"where": "pool", "data": _DROP, "segment": 0, "offset": 0, **overrides})
+
+
+WORKER_FORGED = {
+    "pool-offset-huge": (_pool_desc(offset=2**40), ()),
+    "pool-offset-past-end": (_pool_desc(offset=64 << 20, shape=[1]), ()),
+    "pool-offset-negative": (_pool_desc(offset=-8), ()),
+    "pool-segment-missing": (_pool_desc(segment=999), ()),
+    "pool-segment-negative": (_pool_desc(segment=-1), ()),
+    "pool-shape-huge": (_pool_desc(shape=[2**31, 2**31]), ()),
+    "dtype-object": (_desc(dtype="|O"), ()),
+    "dtype-str": (_desc(dtype="<U4"), ()),
+    "inline-shape-mismatch": (_desc(shape=[3, 3]), ()),
+    "frame-shape-mismatch": (_desc(where="frame", index=0, data=_DROP, shape=[5]), (bytes(32),)),
+    "frame-index-out-of-range": (_desc(where="frame", index=3, data=_DROP), (bytes(32),)),
+    "negative-shape": (_desc(shape=[-1, 4]), ()),
+    "unknown-where": (_desc(where="file", path="/etc/passwd"), ()),
+}
+
+
+@pytest.mark.parametrize("name", list(WORKER_FORGED))
+def test_worker_answers_forged_descriptor_with_an_error(connection, raw, name):
+    desc, buffers = WORKER_FORGED[name]
+    msg_id = raw.send(_echo_header(connection, desc), buffers)
+    reply, _ = raw.reply(msg_id)
+    assert reply["op"] == "error"
+    assert reply["mro"][0][1] in ("ProtocolError", "PoolError"), reply["message"]
+    np.testing.assert_array_equal(connection.echo(np.arange(5.0))[0], np.arange(5.0))
+
+
+def test_worker_refuses_pool_descriptor_of_a_pool_it_never_attached(connection, raw):
+    other = connection.pool.name[:-1] + ("0" if connection.pool.name[-1] != "0" else "1")
+    msg_id = raw.send(_echo_header(connection, _pool_desc(), pool=other))
+    reply, _ = raw.reply(msg_id)
+    assert reply["op"] == "error" and "no pool" in reply["message"]
+
+
+def test_worker_refuses_output_room_outside_the_pool(connection, raw):
+    big = np.zeros(INLINE_MAX, "uint8")
+    desc = {"dtype": "|u1", "shape": [big.size], "order": "C", "where": "frame", "index": 0}
+    out = {"segment": 0, "offset": 2**40, "nbytes": 1 << 20}
+    msg_id = raw.send(_echo_header(connection, desc, out=out), [big])
+    reply, _ = raw.reply(msg_id)
+    assert reply["op"] == "error" and reply["mro"][0][1] in ("ProtocolError", "PoolError")
+    assert "outside" in reply["message"]
+    np.testing.assert_array_equal(connection.echo(big + 1)[0], big + 1)
+
+
+def test_worker_answers_a_well_formed_raw_echo(connection, raw):
+    """The raw client itself is sound: a correct descriptor gets the array back."""
+    data = np.arange(6, dtype="<i8")
+    desc = {"dtype": "<i8", "shape": [2, 3], "order": "F", "where": "frame", "index": 0}
+    msg_id = raw.send(_echo_header(connection, desc), [data.tobytes()])
+    reply, buffers = raw.reply(msg_id)
+    assert reply["op"] == "reply"
+    result = Decoder(reply, buffers).decode(reply["payload"])["result"][0]
+    np.testing.assert_array_equal(result, data.reshape((2, 3), order="F"))

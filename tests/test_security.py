@@ -1,0 +1,293 @@
+"""What a worker does with messages it must not trust, and with requests it must not obey.
+
+Bad messages are sent through a raw DEALER socket to the real worker of the
+session. A refused message gets no reply at all. The worker handles one peer's
+messages in order and answers a ping at once, so when a ping sent right after
+a bad message gets the first reply, the bad one got none; one test also waits
+a full second of silence for all of them together. Then the worker's own
+count of refusals, by reason, must have grown by exactly what was sent.
+"""
+
+import json
+import os
+import pickle
+import re
+import stat
+
+import cloudpickle
+import numpy as np
+import pytest
+import zmq
+from sklearn.preprocessing import StandardScaler
+
+import sklearn_gpu_bridge
+from sklearn_gpu_bridge import GPUStandardScaler, ProtocolError
+from sklearn_gpu_bridge.protocol import Session, new_id
+
+NO_REPLY_MS = 1000  # how long refused messages are given to (wrongly) get a reply
+LATE_MS = 200  # and, after the ping proof, how long a late reply is still waited for
+REPLY_MS = 5000
+
+
+class RawClient:
+    """A DEALER socket to a worker; it signs with ``key`` (any key) and every receive times out."""
+
+    def __init__(self, worker, key=None):
+        self.context = zmq.Context()
+        self.socket = self.context.socket(zmq.DEALER)
+        self.socket.linger = 0
+        self.socket.connect(worker.info.address)
+        self.session = Session(key or worker.info.key_bytes)
+        self.client = "raw-" + new_id()
+
+    def header(self, op, **fields):
+        return {"op": op, "id": new_id(), "client": self.client, **fields}
+
+    def frames(self, op, **fields):
+        return self.session.pack(self.header(op, **fields))
+
+    def send(self, frames):
+        self.socket.send_multipart(frames)
+
+    def receive(self, timeout_ms=REPLY_MS):
+        """The next reply, or None when none comes within ``timeout_ms``."""
+        if not self.socket.poll(timeout_ms):
+            return None
+        return self.session.unpack(self.socket.recv_multipart())
+
+    def request(self, header, buffers=()):
+        self.send(self.session.pack(header, buffers))
+        reply = self.receive()
+        assert reply is not None, f"no reply to {header['op']!r}"
+        assert reply[0]["parent"] == header["id"]
+        return reply
+
+    def assert_no_reply_and_still_served(self, wait_ms=LATE_MS):
+        """A ping sent now gets the first reply (so what came before got none), then silence."""
+        header = self.header("ping")
+        reply, _ = self.request(header)
+        assert reply["op"] == "reply"
+        assert self.receive(wait_ms) is None
+
+    def close(self):
+        self.socket.close(linger=0)
+        self.context.term()
+
+
+@pytest.fixture
+def raw(worker):
+    client = RawClient(worker)
+    yield client
+    client.close()
+
+
+def _refused(connection):
+    return dict(connection.status()["refused"])
+
+
+def _grew(before, after):
+    return {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
+
+
+def _ping_header_bytes(key):
+    return Session(key).pack({"op": "ping", "id": new_id()})[1]
+
+
+class _Touch:
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.path}",)
+
+
+def _signed(key, header_bytes):
+    return [Session(key).sign(header_bytes), header_bytes]
+
+
+BAD_MESSAGES = {
+    # name: (reason the worker counts, frames built from the worker's key)
+    "garbage-signature": ("bad_signature", lambda key: [b"f" * 64, _ping_header_bytes(key)]),
+    "empty-signature": ("bad_signature", lambda key: [b"", _ping_header_bytes(key)]),
+    "wrong-key": ("bad_signature", lambda key: Session(os.urandom(32)).pack({"op": "ping", "id": new_id()})),
+    "key-with-one-bit-flipped": (
+        "bad_signature",
+        lambda key: Session(bytes([key[0] ^ 1]) + key[1:]).pack({"op": "ping", "id": new_id()}),
+    ),
+    "garbage-single-frame": ("truncated", lambda key: [os.urandom(300)]),
+    "one-empty-frame": ("truncated", lambda key: [b""]),
+    "two-empty-frames": ("bad_signature", lambda key: [b"", b""]),
+    # each built fresh: an identical signed message sent again would be a replay
+    "signed-garbage": ("malformed", lambda key: _signed(key, b"\x80\x05not a pickle " + os.urandom(8))),
+    "signed-non-dict": ("malformed", lambda key: _signed(key, pickle.dumps(["ping", new_id()], protocol=5))),
+    "signed-without-op": ("malformed", lambda key: _signed(key, pickle.dumps({"id": new_id()}, protocol=5))),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_MESSAGES))
+def test_bad_message_gets_no_reply_and_is_counted(connection, worker, raw, name):
+    reason, build = BAD_MESSAGES[name]
+    before = _refused(connection)
+    raw.send(build(worker.info.key_bytes))
+    raw.assert_no_reply_and_still_served()
+    assert _grew(before, _refused(connection)) == {reason: 1}
+
+
+def test_replayed_message_gets_no_reply_and_is_counted(connection, raw):
+    frames = raw.frames("ping")
+    raw.send(frames)
+    assert raw.receive() is not None
+    before = _refused(connection)
+    for _ in range(2):
+        raw.send(list(frames))
+    raw.assert_no_reply_and_still_served()
+    assert _grew(before, _refused(connection)) == {"replayed": 2}
+
+
+def test_no_bad_message_gets_a_reply_within_a_second(connection, worker, raw):
+    valid = raw.frames("ping")
+    raw.send(valid)
+    assert raw.receive() is not None
+    before = _refused(connection)
+    expected = {"replayed": 1}
+    raw.send(list(valid))
+    for reason, build in BAD_MESSAGES.values():
+        raw.send(build(worker.info.key_bytes))
+        expected[reason] = expected.get(reason, 0) + 1
+    assert raw.receive(NO_REPLY_MS) is None
+    raw.assert_no_reply_and_still_served()
+    assert _grew(before, _refused(connection)) == expected
+
+
+def test_replayed_fit_creates_nothing(connection, raw):
+    X = np.arange(12.0).reshape(4, 3)
+    desc = {"dtype": X.dtype.str, "shape": list(X.shape), "order": "C", "where": "inline", "data": X.tobytes()}
+    header = raw.header(
+        "fit", estimator="StandardScaler", method="fit", params={}, arrays=[desc],
+        payload={"args": [{"__array__": 0}], "kwargs": {}},
+    )
+    frames = raw.session.pack(header)
+    handles = connection.status()["handles"]
+    raw.send(frames)
+    reply = raw.receive()
+    assert reply is not None and reply[0]["op"] == "reply"
+    assert connection.status()["handles"] == handles + 1
+    raw.send(list(frames))
+    raw.assert_no_reply_and_still_served()
+    assert connection.status()["handles"] == handles + 1
+    raw.request(raw.header("goodbye"))  # frees the raw client's handle
+    assert connection.status()["handles"] == handles
+
+
+def test_signed_header_with_a_pickle_global_runs_nothing(connection, worker, raw, tmp_path):
+    marker = tmp_path / "MARKER"
+    header = {"op": "ping", "id": new_id(), "x": _Touch(marker)}
+    header_bytes = pickle.dumps(header, protocol=5)
+    assert b"system" in header_bytes
+    before = _refused(connection)
+    raw.send(_signed(worker.info.key_bytes, header_bytes))
+    raw.assert_no_reply_and_still_served()
+    assert _grew(before, _refused(connection)) == {"malformed": 1}
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("op", ["frobnicate", "_attach_pool", "__init__", "close", "serve_forever", "_release"])
+def test_unknown_operation_gets_an_error(connection, raw, op):
+    reply, _ = raw.request(raw.header(op))
+    assert reply["op"] == "error"
+    assert reply["mro"][0][1] == "ProtocolError" and "unknown operation" in reply["message"]
+    assert connection.status()["pid"] == connection.info.pid
+
+
+# ---------------------------------------------------------------- the connection file
+
+
+def test_connection_file_is_owner_only_and_holds_a_fresh_key(worker):
+    mode = os.stat(worker.connection_file).st_mode
+    assert stat.S_ISREG(mode)
+    assert mode & 0o777 == 0o600
+    data = json.loads(worker.connection_file.read_text())
+    assert re.fullmatch(r"[0-9a-f]{64}", data["key"])
+    assert data["key"] == worker.info.key
+    assert re.fullmatch(r"tcp://127\.0\.0\.1:\d+", data["address"])  # loopback by default
+    assert not data.get("curve_server_key")
+
+
+def test_two_workers_have_different_keys_and_refuse_each_other(worker, fresh_worker):
+    assert os.stat(fresh_worker.connection_file).st_mode & 0o777 == 0o600
+    assert re.fullmatch(r"[0-9a-f]{64}", fresh_worker.info.key)
+    assert fresh_worker.info.key != worker.info.key
+    assert fresh_worker.info.address != worker.info.address
+    stranger = RawClient(fresh_worker, key=worker.info.key_bytes)  # the other worker's key
+    try:
+        stranger.send(stranger.frames("ping"))
+        assert stranger.receive(LATE_MS) is None
+    finally:
+        stranger.close()
+    connection = sklearn_gpu_bridge.get_connection()
+    assert connection.info.address == fresh_worker.info.address
+    assert connection.status()["refused"] == {"bad_signature": 1}
+
+
+# ---------------------------------------------------------------- what a signed request may reach
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["os.system", "Popen", "subprocess.Popen", "sklearn.svm.SVC", "builtins.eval", "__builtins__",
+     "StandardScaler ", "standardscaler", "", None, 7],
+)
+def test_estimator_outside_the_backend_table_is_refused(connection, name):
+    handles = connection.status()["handles"]
+    header = {"op": "fit", "estimator": name, "method": "fit", "params": {}}
+    with pytest.raises(ValueError, match="unknown estimator"):
+        connection.request(header, {"args": [], "kwargs": {}})
+    assert connection.status()["handles"] == handles
+
+
+@pytest.mark.parametrize("method", ["__reduce__", "__init__", "set_params", "_validate_params", "predict", "score"])
+def test_fit_with_a_method_that_does_not_fit_is_refused(connection, method):
+    handles = connection.status()["handles"]
+    header = {"op": "fit", "estimator": "StandardScaler", "method": method, "params": {}}
+    with pytest.raises(ProtocolError, match="not a fitting method"):
+        connection.request(header, {"args": [np.ones((3, 2))], "kwargs": {}})
+    assert connection.status()["handles"] == handles
+
+
+def test_set_state_of_an_unknown_estimator_never_unpickles(connection, tmp_path):
+    marker = tmp_path / "MARKER"
+    blob = cloudpickle.dumps(_Touch(marker))
+    with pytest.raises(ValueError, match="unknown estimator"):
+        connection.set_state("Popen", "sklearn", blob)
+    with pytest.raises(ValueError, match="format"):
+        connection.set_state("StandardScaler", "joblib", blob)
+    assert not marker.exists()
+
+
+@pytest.fixture
+def fitted(connection):
+    """(handle, X) of a StandardScaler fitted on the worker through GPUStandardScaler."""
+    X = np.random.default_rng(0).standard_normal((20, 3)) * 5 + 2
+    scaler = GPUStandardScaler().fit(X)
+    handle = scaler._remote.handle
+    yield handle, X
+    del scaler
+
+
+@pytest.mark.parametrize(
+    "method",
+    ["__class__", "__reduce__", "__reduce_ex__", "__init__", "__setattr__", "__getattribute__", "__dict__",
+     "_private", "_validate_params", "set_params", "get_params", "__sklearn_tags__", "mean_", "", None, 5],
+)
+def test_calling_a_method_outside_the_allowed_list_is_refused(connection, fitted, method):
+    handle, X = fitted
+    with pytest.raises((AttributeError, ProtocolError), match="may call"):
+        connection.call(handle, method, [], {"with_mean": False})
+    expected = StandardScaler().fit(X).transform(X)
+    np.testing.assert_array_equal(connection.call(handle, "transform", [X], {}), expected)
+
+
+@pytest.mark.parametrize("handle", [10**9, -1, "1", None, [1]])
+def test_call_on_a_handle_that_does_not_exist_is_refused(connection, handle):
+    with pytest.raises((KeyError, TypeError)):
+        connection.call(handle, "transform", [np.ones((2, 3))], {})
