@@ -20,6 +20,8 @@ import tempfile
 import threading
 import weakref
 
+from sklearn_gpu_bridge.errors import ProtocolError
+
 SLOT_SIZE = 1 << 20  # 1 MiB: the unit of leasing
 SEGMENT_SLOTS = 64  # a new segment holds at least 64 slots (64 MiB, sparse)
 PREFIX = "sgb-pool"
@@ -27,7 +29,7 @@ _NAME_RE = re.compile(rf"^{PREFIX}-(\d+)-([0-9a-f]{{16}})$")
 _FILE_RE = re.compile(rf"^{PREFIX}-(\d+)-([0-9a-f]{{16}})-(\d+)$")
 
 
-class PoolError(Exception):
+class PoolError(ProtocolError):
     """A pool could not be attached, or a byte range lies outside it."""
 
 

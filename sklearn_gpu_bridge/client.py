@@ -63,7 +63,8 @@ class Connection:
         self.heartbeat_timeout = heartbeat_timeout
         self.context = zmq.Context()
         self.session = Session(info.key_bytes)
-        self.stats = Counter()
+        self.stats = Counter()  # arrays sent/received per path: inline, pool, frame
+        self._stats_lock = threading.Lock()
         self.closed = False
         self._local = threading.local()
         self._sockets = []
@@ -217,8 +218,7 @@ class Connection:
         if self.pool is not None and out_nbytes > INLINE_MAX:
             out = self.pool.lease(out_nbytes)
             header["out"] = {"segment": out.segment, "offset": out.offset, "nbytes": out.nbytes}
-        for where, n in encoder.counts.items():
-            self.stats["sent_" + where] += n
+        self._count("sent_", encoder.counts)
         try:
             reply, buffers = self._roundtrip(header, encoder.buffers)
         except WorkerLost:
@@ -233,9 +233,13 @@ class Connection:
             lease.release()
         decoder = Decoder(reply, buffers, read_pool=_OutputReader(out), writeable=True)
         value = decoder.decode(reply.get("payload"))
-        for where, n in decoder.counts.items():
-            self.stats["received_" + where] += n
+        self._count("received_", decoder.counts)
         return reply, value, buffers
+
+    def _count(self, prefix, counts):
+        with self._stats_lock:
+            for where, n in counts.items():
+                self.stats[prefix + where] += n
 
     # ------------------------------------------------------------ operations
 

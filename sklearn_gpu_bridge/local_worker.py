@@ -112,7 +112,9 @@ def _start(backend, path, log_file, owner, startup_timeout):
         "--connection-file", str(path), "--parent-pid", str(owner),
     ]
     with open(log_file, "ab") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        # cwd: never the caller's folder, where a checkout's sklearn_gpu_bridge/ could shadow the install
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                   cwd=path.parent)
     deadline = time.monotonic() + startup_timeout
     while not path.exists():
         if process.poll() is not None:

@@ -176,6 +176,9 @@ class Encoder:
         if isinstance(value, np.ndarray):
             self.arrays.append(self._array(value))
             return {ARRAY: len(self.arrays) - 1}
+        if hasattr(value, "__cuda_array_interface__") and hasattr(value, "get"):
+            self.arrays.append(self._device_array(value))
+            return {ARRAY: len(self.arrays) - 1}
         if isinstance(value, (list, tuple)):
             return type(value)(self.encode(v) for v in value)
         if isinstance(value, dict):
@@ -215,6 +218,23 @@ class Encoder:
             desc.update(where="frame", index=len(self.buffers) - 1)
         self.counts[desc["where"]] += 1
         return desc
+
+
+    def _device_array(self, arr):
+        """A CuPy array: copied from the device straight into its pool room when it has one."""
+        nbytes = arr.nbytes
+        order = "C" if arr.flags.c_contiguous else "F" if arr.flags.f_contiguous else None
+        dtype = np.dtype(arr.dtype)
+        spot = None
+        if order and nbytes > self.inline_max and dtype.str in DTYPES and self.place is not None:
+            spot = self.place(nbytes)
+        if spot is None:
+            return self._array(arr.get())
+        segment, offset, target = spot
+        arr.get(out=np.frombuffer(target, dtype, count=arr.size).reshape(arr.shape, order=order))
+        self.counts["pool"] += 1
+        return {"dtype": dtype.str, "shape": list(arr.shape), "order": order,
+                "where": "pool", "segment": segment, "offset": offset}
 
 
 class Decoder:

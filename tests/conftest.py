@@ -51,7 +51,8 @@ class WorkerProcess:
             "--connection-file", str(self.connection_file), "--log-level", "INFO", *extra_args,
         ]
         with open(self.log_file, "wb") as log:
-            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL, cwd=self.folder)
         deadline = time.monotonic() + 300
         while not self.connection_file.exists():
             if self.process.poll() is not None or time.monotonic() > deadline:

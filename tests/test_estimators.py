@@ -188,7 +188,7 @@ def test_joblib_round_trip_in_new_process_with_new_worker(tmp_path, fresh_worker
         np.save({str(tmp_path / "pred.npy")!r}, model.predict(np.load({str(tmp_path / "X.npy")!r})))
         print(sklearn_gpu_bridge.get_connection().status()["handles"])
     """)
-    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     assert int(run.stdout.split()[-1]) == 2  # both steps pushed their state to the new worker
     np.testing.assert_array_equal(np.load(tmp_path / "pred.npy"), expected)

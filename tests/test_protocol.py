@@ -523,7 +523,7 @@ def raw(worker):
 
 def _echo_header(connection, desc, **extra):
     return {
-        "op": "echo", "pool": connection.pool.name, "arrays": [desc],
+        "op": "echo", "client": connection.client_id, "pool": connection.pool.name, "arrays": [desc],
         "payload": {"args": [{"__array__": 0}], "kwargs": {}}, **extra,
     }
 
@@ -563,7 +563,7 @@ def test_worker_refuses_pool_descriptor_of_a_pool_it_never_attached(connection, 
     other = connection.pool.name[:-1] + ("0" if connection.pool.name[-1] != "0" else "1")
     msg_id = raw.send(_echo_header(connection, _pool_desc(), pool=other))
     reply, _ = raw.reply(msg_id)
-    assert reply["op"] == "error" and "no pool" in reply["message"]
+    assert reply["op"] == "error" and "did not attach" in reply["message"]
 
 
 def test_worker_refuses_output_room_outside_the_pool(connection, raw):

@@ -133,7 +133,8 @@ def test_local_worker_is_started_shared_with_joblib_children_and_stopped(tmp_pat
     """)
     env = {k: v for k, v in os.environ.items() if not k.startswith("SKLEARN_GPU_BRIDGE_")}
     env.update(SKLEARN_GPU_BRIDGE_LOCAL_BACKEND="auto", XDG_RUNTIME_DIR=str(tmp_path))
-    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300,
+                         cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     report = json.loads(run.stdout.strip().splitlines()[-1])
     assert report["hellos"] >= 2, "the joblib children did not reach the parent's worker"

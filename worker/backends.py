@@ -7,6 +7,7 @@ scikit-learn class of the same name on the CPU (CI, and the oracle that the
 bridge's results must equal).
 """
 
+import contextlib
 import importlib
 import inspect
 import logging
@@ -53,6 +54,11 @@ class Backend:
 
     def __init__(self):
         self._classes = {}
+        self._accepted = {}
+
+    def output_context(self):
+        """The context estimator methods run in (cuML: results stay on the device)."""
+        return contextlib.nullcontext()
 
     def estimator_class(self, name):
         if not isinstance(name, str) or name not in CLASSES:
@@ -65,7 +71,9 @@ class Backend:
     def create(self, name, params):
         """An unfitted estimator; parameters the class does not take are dropped and named."""
         cls = self.estimator_class(name)
-        accepted = inspect.signature(cls).parameters
+        accepted = self._accepted.get(name)
+        if accepted is None:
+            accepted = self._accepted[name] = frozenset(inspect.signature(cls).parameters)
         kept = {k: v for k, v in params.items() if k in accepted}
         return cls(**kept), sorted(set(params) - set(kept))
 
@@ -147,6 +155,11 @@ class CumlBackend(Backend):
 
         cuml.set_global_output_type("numpy")
         self._cuml = cuml
+
+    def output_context(self):
+        # Results stay CuPy arrays until the reply is encoded, which copies them from the
+        # device straight into the client's pool room: no intermediate numpy copy.
+        return self._cuml.using_output_type("cupy")
 
     def export_state(self, estimator):
         as_sklearn = getattr(estimator, "as_sklearn", None)

@@ -58,6 +58,7 @@ class Worker:
     def __init__(self, backend, *, host="127.0.0.1", port=0, connection_file=None,
                  threads=1, parent_pid=None, fallback_reason=None):
         self.backend = backend
+        self.versions = {"sklearn-gpu-bridge": __version__, **backend.versions()}  # asked once
         self.fallback_reason = fallback_reason
         self.host, self.port = host, port
         self.connection_file = connection_file
@@ -233,7 +234,7 @@ class Worker:
             "protocol_version": PROTOCOL_VERSION, "worker_id": self.worker_id,
             "backend": self.backend.name, "fallback_reason": self.fallback_reason,
             "float_dtype": self.backend.float_dtype, "pool": pool_ok,
-            "versions": {"sklearn-gpu-bridge": __version__, **self.backend.versions()},
+            "versions": self.versions,
         }, []
 
     def _attach_pool(self, client, pool):
@@ -262,7 +263,7 @@ class Worker:
             "uptime": time.time() - self.started, "handles": len(self.registry),
             "pools": len(self.pools), "requests": dict(self.counts),
             "refused": dict(self.session.refused),
-            "versions": {"sklearn-gpu-bridge": __version__, **self.backend.versions()},
+            "versions": self.versions,
         }, []
 
     def _op_release(self, header, buffers):
@@ -282,20 +283,30 @@ class Worker:
 
     # ------------------------------------------------------------ work ops
 
+    def _attachment(self, header):
+        """The pool this request names, which must be the one its client attached."""
+        name = header.get("pool")
+        if not name:
+            return None
+        if self.client_pools.get(header.get("client")) != name:
+            raise ProtocolError("request names a pool that its client did not attach")
+        return self.pools[name]
+
     def _decoder(self, header, buffers):
-        attachment = self.pools.get(header.get("pool")) if header.get("pool") else None
+        attachment = self._attachment(header)
         read_pool = None
         if attachment is not None:
-            if self.backend.device_resident:
+            retains = header["op"] == "fit" or header.get("method") == "partial_fit"
+            if self.backend.device_resident or not retains:
                 read_pool = attachment.buffer
-            else:  # a CPU estimator may keep a view of its input: never of a slot the client reuses
+            else:  # a fitted CPU estimator may keep a view of its input: never of a slot the client reuses
                 read_pool = lambda s, o, n: bytearray(attachment.buffer(s, o, n))  # noqa: E731
         return Decoder(header, buffers, read_pool=read_pool)
 
     def _encoder(self, header):
         """Results go into the output room the client leased, else as frames."""
         out = header.get("out")
-        attachment = self.pools.get(header.get("pool")) if header.get("pool") else None
+        attachment = self._attachment(header)
         if not out or attachment is None:
             return Encoder()
         segment, start, size = out.get("segment"), out.get("offset"), out.get("nbytes")
@@ -342,7 +353,8 @@ class Worker:
             raise ProtocolError(f"{method!r} is not a fitting method")
         args, kwargs = self._args(header, buffers)
         estimator, dropped = self.backend.create(header.get("estimator"), self._params(header, buffers))
-        result = getattr(estimator, method)(*args, **kwargs)
+        with self.backend.output_context():
+            result = getattr(estimator, method)(*args, **kwargs)
         handle = self.registry.add(estimator, header["estimator"], header.get("client"))
         return self._reply_result(header, result, estimator, handle=handle, dropped=dropped)
 
@@ -352,7 +364,8 @@ class Worker:
         if method not in METHODS or not callable(getattr(entry.estimator, method, None)):
             raise AttributeError(f"{entry.name} has no method {method!r} that the bridge may call")
         args, kwargs = self._args(header, buffers)
-        result = getattr(entry.estimator, method)(*args, **kwargs)
+        with self.backend.output_context():
+            result = getattr(entry.estimator, method)(*args, **kwargs)
         return self._reply_result(header, result, entry.estimator)
 
     def _op_attribute(self, header, buffers):
@@ -360,7 +373,9 @@ class Worker:
         name = header.get("name")
         if not isinstance(name, str) or not FITTED_ATTRIBUTE.match(name):
             raise AttributeError(f"{name!r} is not a public fitted attribute")
-        return self._reply_result(header, getattr(entry.estimator, name), entry.estimator)
+        with self.backend.output_context():
+            value = getattr(entry.estimator, name)
+        return self._reply_result(header, value, entry.estimator)
 
     def _op_echo(self, header, buffers):
         """Send the payload's arrays straight back: measures and tests the transport alone."""

@@ -100,6 +100,8 @@ class RemoteEstimator(BaseEstimator):
             return None, cloudpickle.dumps(params)
 
     def _warn_dropped(self, dropped):
+        if not dropped:
+            return
         defaults = type(self)().get_params(deep=False)
         changed = [p for p in dropped if getattr(self, p) != defaults.get(p)]
         if changed:
