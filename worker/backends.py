@@ -34,6 +34,7 @@ METHODS = frozenset({
     "transform", "inverse_transform", "score", "score_samples", "kneighbors",
 })
 FIT_METHODS = frozenset({"fit", "fit_transform", "fit_predict"})
+DEVICE_OUTPUT_METHODS = frozenset({"transform", "fit_transform", "inverse_transform"})
 
 
 def _load(path):
@@ -56,8 +57,8 @@ class Backend:
         self._classes = {}
         self._accepted = {}
 
-    def output_context(self):
-        """The context estimator methods run in (cuML: results stay on the device)."""
+    def output_context(self, method):
+        """The context an estimator method runs in (cuML: some results stay on the device)."""
         return contextlib.nullcontext()
 
     def estimator_class(self, name):
@@ -156,10 +157,13 @@ class CumlBackend(Backend):
         cuml.set_global_output_type("numpy")
         self._cuml = cuml
 
-    def output_context(self):
-        # Results stay CuPy arrays until the reply is encoded, which copies them from the
-        # device straight into the client's pool room: no intermediate numpy copy.
-        return self._cuml.using_output_type("cupy")
+    def output_context(self, method):
+        # The bulky results of transforms stay CuPy arrays until the reply is encoded, which
+        # copies them from the device straight into the client's pool room: no numpy copy in
+        # between. Only there: cuML's multiclass SVC, for one, fails to predict under "cupy".
+        if method in DEVICE_OUTPUT_METHODS:
+            return self._cuml.using_output_type("cupy")
+        return contextlib.nullcontext()
 
     def export_state(self, estimator):
         as_sklearn = getattr(estimator, "as_sklearn", None)

@@ -353,7 +353,7 @@ class Worker:
             raise ProtocolError(f"{method!r} is not a fitting method")
         args, kwargs = self._args(header, buffers)
         estimator, dropped = self.backend.create(header.get("estimator"), self._params(header, buffers))
-        with self.backend.output_context():
+        with self.backend.output_context(method):
             result = getattr(estimator, method)(*args, **kwargs)
         handle = self.registry.add(estimator, header["estimator"], header.get("client"))
         return self._reply_result(header, result, estimator, handle=handle, dropped=dropped)
@@ -364,7 +364,7 @@ class Worker:
         if method not in METHODS or not callable(getattr(entry.estimator, method, None)):
             raise AttributeError(f"{entry.name} has no method {method!r} that the bridge may call")
         args, kwargs = self._args(header, buffers)
-        with self.backend.output_context():
+        with self.backend.output_context(method):
             result = getattr(entry.estimator, method)(*args, **kwargs)
         return self._reply_result(header, result, entry.estimator)
 
@@ -373,9 +373,7 @@ class Worker:
         name = header.get("name")
         if not isinstance(name, str) or not FITTED_ATTRIBUTE.match(name):
             raise AttributeError(f"{name!r} is not a public fitted attribute")
-        with self.backend.output_context():
-            value = getattr(entry.estimator, name)
-        return self._reply_result(header, value, entry.estimator)
+        return self._reply_result(header, getattr(entry.estimator, name), entry.estimator)
 
     def _op_echo(self, header, buffers):
         """Send the payload's arrays straight back: measures and tests the transport alone."""
