@@ -31,15 +31,18 @@ def main():
 @click.option("--threads", default=1, type=click.IntRange(1), help="Estimator calls run at once.")
 @click.option("--parent-pid", type=int, default=None, hidden=True,
               help="Stop when this process dies (used by the local worker).")
+@click.option("--pool-dir", "pool_dirs", multiple=True, type=click.Path(file_okay=False),
+              help="Folder where clients' shared-memory pools may be found (repeatable). "
+                   "Default: /dev/shm and the temp folder.")
 @click.option("--log-level", default="INFO", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]))
-def worker(bind, port, backend, connection_file, threads, parent_pid, log_level):
+def worker(bind, port, backend, connection_file, threads, parent_pid, pool_dirs, log_level):
     """Run a worker in this process until SIGINT, SIGTERM or a shutdown request."""
     logging.basicConfig(level=log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     chosen, reason = make_backend(backend)
     if reason:
         logging.getLogger("sklearn_gpu_bridge.worker").warning("falling back to scikit-learn: %s", reason)
     Worker(chosen, host=bind, port=port, connection_file=connection_file, threads=threads,
-           parent_pid=parent_pid, fallback_reason=reason).start().serve_forever()
+           parent_pid=parent_pid, fallback_reason=reason, pool_dirs=pool_dirs).start().serve_forever()
 
 
 @main.command()

@@ -106,7 +106,7 @@ class Connection:
             probe, token = self.pool.lease(16), os.urandom(16)
             probe.buffer()[:16] = token
             header["pool"] = {
-                "directory": self.pool.directory, "name": self.pool.name,
+                "name": self.pool.name,
                 "probe": {"segment": probe.segment, "offset": probe.offset}, "probe_bytes": token,
             }
         try:

@@ -15,6 +15,7 @@ import re
 import logging
 import os
 import signal
+import tempfile
 import threading
 import time
 import traceback
@@ -29,7 +30,7 @@ from sklearn_gpu_bridge import __version__
 from sklearn_gpu_bridge.connect import ConnectionInfo, new_key, write_connection_file
 from sklearn_gpu_bridge.errors import ProtocolError, VersionMismatch
 from sklearn_gpu_bridge.protocol import PROTOCOL_VERSION, Decoder, Encoder, Session, new_id, to_plain
-from sklearn_gpu_bridge.shm import PoolAttachment, PoolError, pid_alive
+from sklearn_gpu_bridge.shm import PoolAttachment, PoolError, default_directory, pid_alive
 
 from .backends import FIT_METHODS, METHODS
 from .registry import Registry
@@ -56,13 +57,15 @@ class Worker:
     """Serves one backend on one address until shut down."""
 
     def __init__(self, backend, *, host="127.0.0.1", port=0, connection_file=None,
-                 threads=1, parent_pid=None, fallback_reason=None):
+                 threads=1, parent_pid=None, fallback_reason=None, pool_dirs=None):
         self.backend = backend
         self.versions = {"sklearn-gpu-bridge": __version__, **backend.versions()}  # asked once
         self.fallback_reason = fallback_reason
         self.host, self.port = host, port
         self.connection_file = connection_file
         self.parent_pid = parent_pid
+        # where clients' pool files may be found (never a folder a request names)
+        self.pool_dirs = list(dict.fromkeys(pool_dirs or (default_directory(), tempfile.gettempdir())))
         self.worker_id = new_id()
         self.key = new_key()
         self.session = Session(bytes.fromhex(self.key))
@@ -238,21 +241,30 @@ class Worker:
         }, []
 
     def _attach_pool(self, client, pool):
-        """Map the client's pool if this host can see it; the probe bytes prove it."""
-        try:
-            attachment = self.pools.get(pool.get("name"))
-            if attachment is None:
-                attachment = PoolAttachment(pool.get("directory"), pool.get("name"))
-            probe = pool.get("probe", {})
-            seen = bytes(attachment.buffer(probe.get("segment"), probe.get("offset"), 16))
-            if seen != pool.get("probe_bytes"):
-                raise PoolError("probe bytes differ: not the same file")
-        except (PoolError, AttributeError, TypeError) as exc:
-            log.info("client %s: pool not usable here (%s); arrays go as frames", client, exc)
-            return False
-        self.pools[attachment.name] = attachment
-        self.client_pools[client] = attachment.name
-        return True
+        """Map the client's pool if this host can see it; the probe bytes prove it.
+
+        The client names its pool, never a path: the worker looks for that name
+        in its own pool folders (``--pool-dir``) only.
+        """
+        name, probe = pool.get("name"), pool.get("probe", {})
+        attachment = self.pools.get(name)
+        candidates = [attachment] if attachment else []
+        for directory in self.pool_dirs:
+            try:
+                candidates.append(PoolAttachment(directory, name))
+            except PoolError as exc:
+                log.info("client %s: %s", client, exc)
+                return False
+        for candidate in candidates:
+            try:
+                if bytes(candidate.buffer(probe.get("segment"), probe.get("offset"), 16)) == pool.get("probe_bytes"):
+                    self.pools[candidate.name] = candidate
+                    self.client_pools[client] = candidate.name
+                    return True
+            except (PoolError, AttributeError, TypeError):
+                continue
+        log.info("client %s: pool %r is not in %s; arrays go as frames", client, name, self.pool_dirs)
+        return False
 
     def _op_ping(self, header, buffers):
         return {"busy": self._executor._work_queue.qsize()}, []
