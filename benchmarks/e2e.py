@@ -1,0 +1,358 @@
+"""The bridge against in-process cuML and scikit-learn, case by case, in one run.
+
+Each case runs three ways on the same float32 data: scikit-learn in this
+process (all CPU cores where the class has ``n_jobs``), cuML in this process,
+and the ``GPU*`` wrapper through a cuML worker that this script starts. The
+median of ``--repeats`` timed runs after one warm-up is recorded. Also:
+GridSearchCV over a Pipeline (the workflow users run), start-up (worker start
+to ready, then the first call), 5-fold accuracies on scikit-learn's small
+datasets, and worker memory over many fit/predict/release cycles.
+
+    python benchmarks/e2e.py --out benchmarks/results/e2e-h100.json     # on the GPU machine
+    python benchmarks/e2e.py --backend sklearn --quick                  # anywhere (no cuML)
+    python benchmarks/plot.py benchmarks/results/e2e-h100.json          # the PNG
+
+Without cuML (``--backend sklearn``) the "cuML in process" column is empty
+and the bridge runs scikit-learn: that measures the bridge, not a GPU.
+"""
+
+import argparse
+import gc
+import json
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+from sklearn import cluster, datasets, decomposition, ensemble, linear_model, neighbors, preprocessing, svm
+from sklearn.model_selection import GridSearchCV, cross_val_score
+from sklearn.pipeline import Pipeline
+
+import sklearn_gpu_bridge
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+@dataclass
+class Case:
+    name: str
+    shape: tuple  # (n_samples, n_features)
+    sklearn: object  # () -> estimator
+    cuml: str  # "module.Class" of cuML
+    bridge: str  # name in sklearn_gpu_bridge
+    params: dict  # given to all three
+    run: object  # (estimator, X, y) -> result
+    classes: int = 0  # 0: no y; else y with this many classes
+    sklearn_params: dict = None  # extra for scikit-learn only (n_jobs, cuML's defaults)
+    large: bool = False
+
+    @property
+    def megabytes(self):
+        return self.shape[0] * self.shape[1] * 4 / 1e6
+
+
+def _fit_transform(est, X, y):
+    return est.fit_transform(X)
+
+
+def _fit_predict(est, X, y):
+    return est.fit(X, y).predict(X)
+
+
+def _fit_predict_unsupervised(est, X, y):
+    return est.fit_predict(X)
+
+
+def _fit(est, X, y):
+    return est.fit(X, y)
+
+
+def _kneighbors(est, X, y):
+    return est.fit(X).kneighbors(X[:10_000])
+
+
+CASES = [
+    # the seed project's own table
+    Case("StandardScaler fit_transform 5000x20", (5000, 20), preprocessing.StandardScaler,
+         "cuml.preprocessing.StandardScaler", "GPUStandardScaler", {}, _fit_transform),
+    Case("PCA(5) fit_transform 5000x20", (5000, 20), decomposition.PCA, "cuml.decomposition.PCA",
+         "GPUPCA", {"n_components": 5}, _fit_transform),
+    Case("LinearRegression fit+predict 5000x20", (5000, 20), linear_model.LinearRegression,
+         "cuml.linear_model.LinearRegression", "GPULinearRegression", {}, _fit_predict, classes=-1),
+    Case("LogisticRegression fit+predict 5000x20", (5000, 20), linear_model.LogisticRegression,
+         "cuml.linear_model.LogisticRegression", "GPULogisticRegression", {}, _fit_predict, classes=2,
+         sklearn_params={"max_iter": 1000}),
+    Case("KMeans(3) fit_predict 5000x20", (5000, 20), cluster.KMeans, "cuml.cluster.KMeans", "GPUKMeans",
+         {"n_clusters": 3, "n_init": 1, "random_state": 0}, _fit_predict_unsupervised),
+    Case("RandomForestClassifier(100) fit+predict 500x20", (500, 20), ensemble.RandomForestClassifier,
+         "cuml.ensemble.RandomForestClassifier", "GPURandomForestClassifier",
+         {"n_estimators": 100, "random_state": 0}, _fit_predict, classes=2, sklearn_params={"n_jobs": -1}),
+    Case("SVC(rbf) fit+predict 500x20", (500, 20), svm.SVC, "cuml.svm.SVC", "GPUSVC", {}, _fit_predict,
+         classes=2),
+    Case("StandardScaler fit_transform 10000x1280 (51 MB)", (10000, 1280), preprocessing.StandardScaler,
+         "cuml.preprocessing.StandardScaler", "GPUStandardScaler", {}, _fit_transform, large=True),
+    # where a GPU earns its keep
+    Case("KMeans(8) fit_predict 1M x 50", (1_000_000, 50), cluster.KMeans, "cuml.cluster.KMeans", "GPUKMeans",
+         {"n_clusters": 8, "n_init": 1, "random_state": 0}, _fit_predict_unsupervised, large=True),
+    Case("PCA(10) fit_transform 1M x 100", (1_000_000, 100), decomposition.PCA, "cuml.decomposition.PCA",
+         "GPUPCA", {"n_components": 10}, _fit_transform, large=True),
+    Case("LogisticRegression fit 1M x 50", (1_000_000, 50), linear_model.LogisticRegression,
+         "cuml.linear_model.LogisticRegression", "GPULogisticRegression", {}, _fit, classes=2, large=True,
+         sklearn_params={"max_iter": 1000}),
+    Case("RandomForestClassifier(100, depth 16) fit 200k x 20", (200_000, 20), ensemble.RandomForestClassifier,
+         "cuml.ensemble.RandomForestClassifier", "GPURandomForestClassifier",
+         {"n_estimators": 100, "max_depth": 16, "random_state": 0}, _fit, classes=2, large=True,
+         sklearn_params={"n_jobs": -1}),
+    Case("SVC(rbf) fit 20k x 20", (20_000, 20), svm.SVC, "cuml.svm.SVC", "GPUSVC", {}, _fit, classes=2,
+         large=True),
+    Case("NearestNeighbors(5) 10k queries on 100k x 32", (100_000, 32), neighbors.NearestNeighbors,
+         "cuml.neighbors.NearestNeighbors", "GPUNearestNeighbors", {"n_neighbors": 5}, _kneighbors,
+         large=True, sklearn_params={"n_jobs": -1}),
+]
+
+
+def make_data(case, seed=0):
+    rng = np.random.default_rng(seed)
+    n, d = case.shape
+    X = rng.standard_normal((n, d), dtype=np.float32)
+    if case.classes == 0:
+        return X, None
+    score = X[:, : min(d, 5)].sum(axis=1) + 0.5 * rng.standard_normal(n, dtype=np.float32)
+    if case.classes < 0:
+        return X, score.astype(np.float32)
+    return X, (score > 0).astype(np.int32)
+
+
+def timed(run, repeats):
+    """Median, min and all times of ``repeats`` runs after one warm-up."""
+    run()
+    times = []
+    for _ in range(repeats):
+        gc.collect()
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return {"median": float(np.median(times)), "min": float(min(times)), "times": times}
+
+
+class WorkerProcess:
+    """A worker subprocess in a temp folder; records how long it took to be ready."""
+
+    def __init__(self, backend):
+        self.folder = Path(tempfile.mkdtemp(prefix="sgb-e2e-"))
+        self.connection_file = self.folder / "worker.json"
+        start = time.perf_counter()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "sklearn_gpu_bridge.worker", "--backend", backend,
+             "--connection-file", str(self.connection_file), "--log-level", "WARNING"],
+            cwd=self.folder, stdout=open(self.folder / "worker.log", "wb"), stderr=subprocess.STDOUT,
+        )
+        while not self.connection_file.exists():
+            if self.process.poll() is not None:
+                raise RuntimeError((self.folder / "worker.log").read_text())
+            time.sleep(0.02)
+        self.ready_seconds = time.perf_counter() - start
+
+    def rss_mb(self):
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        return None
+
+    def gpu_mb(self):
+        """GPU memory the worker process holds (nvidia-smi), or None."""
+        if not shutil.which("nvidia-smi"):
+            return None
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True).stdout
+        for line in out.splitlines():
+            pid, used = (part.strip() for part in line.split(","))
+            if pid == str(self.process.pid):
+                return float(used)
+        return 0.0
+
+    def stop(self):
+        self.process.send_signal(signal.SIGINT)
+        try:
+            self.process.wait(15)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def cuml_class(path):
+    import importlib
+
+    import cuml
+
+    cuml.set_global_output_type("numpy")
+    module, _, name = path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+def run_cases(cases, repeats, use_cuml, skip_large_sklearn):
+    rows = []
+    for case in cases:
+        X, y = make_data(case)
+        row = {"case": case.name, "shape": list(case.shape), "megabytes": round(case.megabytes, 1), "large": case.large}
+        ways = {}
+        if not (case.large and skip_large_sklearn):
+            ways["sklearn"] = lambda c=case: c.sklearn(**c.params, **(c.sklearn_params or {}))
+        if use_cuml:
+            ways["cuml"] = lambda c=case: cuml_class(c.cuml)(**c.params)
+        wrapper = getattr(sklearn_gpu_bridge, case.bridge, None)
+        if wrapper is not None:
+            ways["bridge"] = lambda w=wrapper, c=case: w(**c.params)
+        else:
+            row["bridge_missing"] = f"{case.bridge} is not in this version"
+        for way, make in ways.items():
+            row[way] = timed(lambda m=make: case.run(m(), X, y), repeats)
+        if "bridge" in row and "cuml" in row:
+            row["bridge_over_cuml"] = row["bridge"]["median"] / row["cuml"]["median"]
+            row["bridge_minus_cuml_ms"] = (row["bridge"]["median"] - row["cuml"]["median"]) * 1e3
+        if "bridge" in row and "sklearn" in row:
+            row["speedup_vs_sklearn"] = row["sklearn"]["median"] / row["bridge"]["median"]
+        print(_line(row), flush=True)
+        rows.append(row)
+    return rows
+
+
+def _line(row):
+    cells = [f"{row['case']:<52}"]
+    for way in ("sklearn", "cuml", "bridge"):
+        cells.append(f"{row[way]['median']:9.4f}" if way in row else f"{'-':>9}")
+    ratio = row.get("bridge_over_cuml")
+    cells.append(f"{ratio:6.2f}x" if ratio else f"{'':>7}")
+    return "  ".join(cells)
+
+
+def run_grid_search(repeats, use_cuml, n=20_000):
+    """GridSearchCV over Pipeline(scaler, SVC): 12 candidates x cv=3 on 20k x 20."""
+    case = Case("grid", (n, 20), None, "", "", {}, None, classes=2)
+    X, y = make_data(case)
+    grid = {"svm__C": [0.1, 1, 10, 100], "svm__gamma": ["scale", 0.01, 0.1]}
+    ways = {
+        "sklearn (n_jobs=-1)": lambda: GridSearchCV(
+            Pipeline([("sc", preprocessing.StandardScaler()), ("svm", svm.SVC())]), grid, cv=3, n_jobs=-1),
+        "bridge": lambda: GridSearchCV(
+            Pipeline([("sc", sklearn_gpu_bridge.GPUStandardScaler()), ("svm", sklearn_gpu_bridge.GPUSVC())]),
+            grid, cv=3),
+    }
+    if use_cuml:
+        ways["cuml"] = lambda: GridSearchCV(
+            Pipeline([("sc", cuml_class("cuml.preprocessing.StandardScaler")()),
+                      ("svm", cuml_class("cuml.svm.SVC")())]), grid, cv=3)
+    result = {"candidates": 12, "cv": 3, "shape": [n, 20]}
+    for way, make in ways.items():
+        result[way] = timed(lambda m=make: m().fit(X, y), repeats)
+        print(f"  GridSearchCV {way:<22} {result[way]['median']:8.3f} s", flush=True)
+    if "bridge" in result:
+        result["speedup_vs_sklearn"] = result["sklearn (n_jobs=-1)"]["median"] / result["bridge"]["median"]
+    connection = sklearn_gpu_bridge.get_connection()
+    result["transport"] = dict(connection.stats)
+    return result
+
+
+def run_accuracy():
+    """5-fold accuracy through the bridge next to scikit-learn's, on its small datasets."""
+    loaders = {"iris": datasets.load_iris, "digits": datasets.load_digits, "breast_cancer": datasets.load_breast_cancer}
+    models = {
+        "SVC": (svm.SVC, "GPUSVC", {}),
+        "RandomForestClassifier": (ensemble.RandomForestClassifier, "GPURandomForestClassifier", {"random_state": 0}),
+        "KNeighborsClassifier": (neighbors.KNeighborsClassifier, "GPUKNeighborsClassifier", {}),
+        "LogisticRegression": (linear_model.LogisticRegression, "GPULogisticRegression", {}),
+    }
+    table = {}
+    for data_name, load in loaders.items():
+        X, y = load(return_X_y=True)
+        X = preprocessing.StandardScaler().fit_transform(X)
+        for model_name, (sk, bridged, params) in models.items():
+            wrapper = getattr(sklearn_gpu_bridge, bridged, None)
+            entry = {"sklearn": float(cross_val_score(sk(**params, **({"max_iter": 1000} if model_name ==
+                                                                       "LogisticRegression" else {})),
+                                                      X, y, cv=5).mean())}
+            if wrapper is not None:
+                entry["bridge"] = float(cross_val_score(wrapper(**params), X, y, cv=5).mean())
+            table[f"{data_name} / {model_name}"] = entry
+            print(f"  {data_name:<14} {model_name:<24} " + "  ".join(f"{k} {v:.3f}" for k, v in entry.items()),
+                  flush=True)
+    return table
+
+
+def run_memory(worker, cycles):
+    """Worker RSS and GPU memory before and after fit/predict/release cycles."""
+    X, y = make_data(Case("mem", (2000, 20), None, "", "", {}, None, classes=2))
+    sklearn_gpu_bridge.GPULogisticRegression().fit(X, y).predict(X)  # warm
+    before = {"rss_mb": worker.rss_mb(), "gpu_mb": worker.gpu_mb(),
+              "handles": sklearn_gpu_bridge.get_connection().status()["handles"]}
+    for _ in range(cycles):
+        model = sklearn_gpu_bridge.GPULogisticRegression().fit(X, y)
+        model.predict(X)
+        del model
+    gc.collect()
+    sklearn_gpu_bridge.get_connection().status()  # carries the last release
+    after = {"rss_mb": worker.rss_mb(), "gpu_mb": worker.gpu_mb(),
+             "handles": sklearn_gpu_bridge.get_connection().status()["handles"]}
+    print(f"  memory over {cycles} cycles: before {before}  after {after}", flush=True)
+    return {"cycles": cycles, "before": before, "after": after}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", default="cuml", choices=["cuml", "sklearn"])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="only the small cases; no scikit-learn large runs")
+    parser.add_argument("--parts", default="cases,grid,accuracy,memory")
+    parser.add_argument("--cycles", type=int, default=1000)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    parts = set(args.parts.split(","))
+    use_cuml = args.backend == "cuml"
+
+    started = time.perf_counter()
+    worker = WorkerProcess(args.backend)
+    sklearn_gpu_bridge.set_config(connection_file=str(worker.connection_file), start_local_worker=False)
+    start = time.perf_counter()
+    sklearn_gpu_bridge.GPUStandardScaler().fit_transform(np.ones((5000, 20), np.float32))
+    first_call = time.perf_counter() - start
+    status = sklearn_gpu_bridge.get_connection().status()
+    report = {
+        "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version(),
+                    **status["versions"]},
+        "backend": args.backend, "repeats": args.repeats, "dtype": "float32",
+        "startup": {"worker_ready_s": worker.ready_seconds, "first_call_after_ready_s": first_call},
+    }
+    print(f"worker ready in {worker.ready_seconds:.2f} s, first call {first_call * 1e3:.1f} ms; "
+          f"{status['versions']}\n", flush=True)
+    try:
+        if "cases" in parts:
+            cases = [c for c in CASES if not (args.quick and c.large)]
+            print(f"{'case':<52}  {'sklearn':>9}  {'cuML':>9}  {'bridge':>9}  bridge/cuML  (median s)")
+            report["cases"] = run_cases(cases, args.repeats, use_cuml, skip_large_sklearn=args.quick)
+        if "grid" in parts:
+            report["grid_search"] = run_grid_search(args.repeats, use_cuml, n=2000 if args.quick else 20_000)
+        if "accuracy" in parts:
+            report["accuracy"] = run_accuracy()
+        if "memory" in parts:
+            report["memory"] = run_memory(worker, args.cycles)
+    finally:
+        sklearn_gpu_bridge.reset_connection()
+        worker.stop()
+    report["total_seconds"] = time.perf_counter() - started
+    out = Path(args.out) if args.out else RESULTS / f"e2e-{args.backend}-{platform.node()}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1))
+    print(f"\nwrote {out}")
+
+
+if __name__ == "__main__":
+    main()
