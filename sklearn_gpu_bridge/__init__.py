@@ -12,16 +12,10 @@ from .errors import (  # noqa: E402
     WorkerLost,
     WorkerUnavailable,
 )
-from .estimators import (  # noqa: E402
-    GPUKMeans,
-    GPULogisticRegression,
-    GPUPCA,
-    GPUStandardScaler,
-    GPUSVC,
-)
+from .estimators import *  # noqa: E402,F403  (the GPU* classes: estimators.__all__)
+from .estimators import __all__ as _estimators
 
 __all__ = [
-    "BridgeError", "GPUKMeans", "GPULogisticRegression", "GPUPCA", "GPUSVC", "GPUStandardScaler",
-    "ProtocolError", "RemoteError", "VersionMismatch", "WorkerLost", "WorkerUnavailable",
-    "config_context", "get_config", "get_connection", "reset_connection", "set_config",
+    "BridgeError", "ProtocolError", "RemoteError", "VersionMismatch", "WorkerLost", "WorkerUnavailable",
+    "config_context", "get_config", "get_connection", "reset_connection", "set_config", *_estimators,
 ]

@@ -27,6 +27,12 @@ DEFAULTS = {
     "startup_timeout": 300.0,
     # seconds without an answer to a ping before a worker is declared lost
     "heartbeat_timeout": 3.0,
+    # a fitted model that can reach no worker answers with the scikit-learn model it
+    # carries (with a RuntimeWarning) instead of raising WorkerUnavailable; fits never do
+    "cpu_fallback": False,
+    # when a fitted model's state is copied to the client: "lazy" (first read of a fitted
+    # attribute, pickling) or "eager" (right after each fit: models outlive their worker)
+    "state_sync": "lazy",
 }
 
 _lock = threading.Lock()

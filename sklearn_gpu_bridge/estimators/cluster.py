@@ -1,39 +1,46 @@
-from sklearn.base import ClassNamePrefixFeaturesOutMixin, ClusterMixin, TransformerMixin
+"""cuml.cluster: clustering, declared (see spec.py)."""
 
-from .base import RemoteClusterer, RemoteEstimator, RemoteTransformer, float32_transformer_tags
+from sklearn.base import TransformerMixin
 
+from .spec import remote_estimator
 
-class GPUKMeans(RemoteClusterer, RemoteTransformer, ClassNamePrefixFeaturesOutMixin, TransformerMixin,
-                ClusterMixin, RemoteEstimator):
-    """cuml.cluster.KMeans: k-means clustering (scalable k-means++ initialisation)."""
+GPUKMeans = remote_estimator(
+    "KMeans", "clusterer",
+    "*, n_clusters=8, max_iter=300, tol=1e-4, random_state=None, init='scalable-k-means++', "
+    "n_init='auto', oversampling_factor=2.0, max_samples_per_batch=1<<15, device_buffer_samples=0, "
+    "init_size=0",
+    methods="predict fit_predict transform fit_transform score",
+    weighted="fit fit_predict fit_transform score",
+    features_out=lambda self: self.cluster_centers_.shape[0], mixins=(TransformerMixin,),
+    tags={"transformer_tags.preserves_dtype": ["float32"]},
+    doc="k-means clustering (scalable k-means++ initialisation).",
+)
 
-    _remote_name = "KMeans"
+GPUDBSCAN = remote_estimator(
+    "DBSCAN", "clusterer",
+    "*, eps=0.5, min_samples=5, metric='euclidean', algorithm='brute', max_mbytes_per_batch=None, "
+    "calc_core_sample_indices=True",
+    methods="fit_predict", weighted="fit fit_predict",
+    doc="density-based clustering (DBSCAN).",
+)
 
-    def __init__(self, *, n_clusters=8, max_iter=300, tol=1e-4, random_state=None,
-                 init="scalable-k-means++", n_init="auto", oversampling_factor=2.0,
-                 max_samples_per_batch=1 << 15, device_buffer_samples=0, init_size=0):
-        self.n_clusters = n_clusters
-        self.max_iter = max_iter
-        self.tol = tol
-        self.random_state = random_state
-        self.init = init
-        self.n_init = n_init
-        self.oversampling_factor = oversampling_factor
-        self.max_samples_per_batch = max_samples_per_batch
-        self.device_buffer_samples = device_buffer_samples
-        self.init_size = init_size
+GPUHDBSCAN = remote_estimator(
+    "HDBSCAN", "clusterer",
+    "*, min_cluster_size=5, min_samples=None, cluster_selection_epsilon=0.0, max_cluster_size=0, "
+    "metric='euclidean', alpha=1.0, p=None, cluster_selection_method='eom', "
+    "allow_single_cluster=False, gen_min_span_tree=False, prediction_data=False, "
+    "build_algo='brute_force', build_kwds=None, device_ids=None",
+    methods="fit_predict",
+    doc="hierarchical density-based clustering. cuML converts it to hdbscan.HDBSCAN; the "
+        "scikit-learn backend runs sklearn.cluster.HDBSCAN.",
+)
 
-    def fit_transform(self, X, y=None, sample_weight=None):
-        """Fit and return distances to the centers in one round trip."""
-        return self._fit_remote("fit_transform", X, sample_weight=sample_weight)
+GPUSpectralClustering = remote_estimator(
+    "SpectralClustering", "clusterer",
+    "n_clusters=8, *, n_components=None, random_state=None, n_neighbors=10, n_init=10, "
+    "eigen_tol='auto', affinity='nearest_neighbors'",
+    methods="fit_predict",
+    doc="clustering on a projection of the normalized Laplacian.",
+)
 
-    def score(self, X, y=None, sample_weight=None):
-        kwargs = {} if sample_weight is None else {"sample_weight": sample_weight}
-        return self._call_remote("score", X, **kwargs)
-
-    def __sklearn_tags__(self):
-        return float32_transformer_tags(super().__sklearn_tags__())
-
-    @property
-    def _n_features_out(self):
-        return self.cluster_centers_.shape[0]
+__all__ = [name for name in dir() if name.startswith("GPU")]

@@ -1,25 +1,34 @@
-from sklearn.base import ClassNamePrefixFeaturesOutMixin, TransformerMixin
+"""cuml.decomposition: matrix decompositions, declared (see spec.py)."""
 
-from .base import RemoteEstimator, RemoteInverseTransformer, float32_transformer_tags
+from .spec import remote_estimator
+
+_F32 = {"transformer_tags.preserves_dtype": ["float32"]}
 
 
-class GPUPCA(RemoteInverseTransformer, ClassNamePrefixFeaturesOutMixin, TransformerMixin, RemoteEstimator):
-    """cuml.decomposition.PCA: principal component analysis."""
+def _n_components(self):
+    return self.components_.shape[0]
 
-    _remote_name = "PCA"
 
-    def __init__(self, *, copy=True, iterated_power=15, n_components=None, svd_solver="auto",
-                 tol=1e-7, whiten=False):
-        self.copy = copy
-        self.iterated_power = iterated_power
-        self.n_components = n_components
-        self.svd_solver = svd_solver
-        self.tol = tol
-        self.whiten = whiten
+GPUPCA = remote_estimator(
+    "PCA", "transformer",
+    "*, copy=True, iterated_power=15, n_components=None, svd_solver='auto', tol=1e-7, whiten=False",
+    methods="transform fit_transform inverse_transform", features_out=_n_components, tags=_F32,
+    doc="principal component analysis.",
+)
 
-    def __sklearn_tags__(self):
-        return float32_transformer_tags(super().__sklearn_tags__())
+GPUIncrementalPCA = remote_estimator(
+    "IncrementalPCA", "transformer",
+    "*, n_components=None, whiten=False, copy=True, batch_size=None",
+    methods="transform fit_transform inverse_transform partial_fit", features_out=_n_components,
+    tags={"transformer_tags.preserves_dtype": []},  # scikit-learn's computes in float64
+    doc="incremental principal component analysis (fits in batches; ``partial_fit`` adds one).",
+)
 
-    @property
-    def _n_features_out(self):
-        return self.components_.shape[0]
+GPUTruncatedSVD = remote_estimator(
+    "TruncatedSVD", "transformer",
+    "*, algorithm='full', n_components=1, n_iter=15, random_state=None, tol=1e-7",
+    methods="transform fit_transform inverse_transform", features_out=_n_components, tags=_F32,
+    doc="dimensionality reduction by truncated SVD (no centering).",
+)
+
+__all__ = [name for name in dir() if name.startswith("GPU")]
