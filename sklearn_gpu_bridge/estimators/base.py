@@ -566,12 +566,12 @@ class CovarianceExtras:
 
         return linalg.pinvh(self.covariance_, check_finite=False)
 
-    def error_norm(self, comp_cov, norm="frobenius", scaled=True, squared=True):
+    def error_norm(self, comp_cov, norm="frobenius", scaling=True, squared=True):
         from sklearn.covariance import EmpiricalCovariance
 
         model = EmpiricalCovariance(store_precision=False)
         model.covariance_ = np.asarray(self.covariance_)
-        return model.error_norm(comp_cov, norm=norm, scaled=scaled, squared=squared)
+        return model.error_norm(comp_cov, norm=norm, scaling=scaling, squared=squared)
 
 
 class Sample:

@@ -125,7 +125,16 @@ def remote_estimator(name, kind, params, *, methods="", weighted="", doc, featur
         attrs["_wire_params"] = dict(wire)
     if callable(features_out):
         attrs["_n_features_out"] = property(features_out)
-    cls = type(cls_name, tuple(_dedupe(chosen)), attrs)
+    bases_ = tuple(_dedupe(chosen))
+    if any(issubclass(b, TransformerMixin) for b in bases_):
+        # scikit-learn's set_output wraps only the transform/fit_transform a class defines
+        # itself: give the class its own reference to the mixins' methods
+        probe = type(cls_name, bases_, dict(attrs))
+        for method in ("transform", "fit_transform"):
+            owner = next((k for k in probe.__mro__ if method in k.__dict__), None)
+            if owner is not None and not issubclass(owner, TransformerMixin):
+                attrs[method] = owner.__dict__[method]
+    cls = type(cls_name, bases_, attrs)
     if tags:
         _add_tags(cls, dict(tags))
     REGISTRY[cls_name] = cls
