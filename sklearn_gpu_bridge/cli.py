@@ -52,3 +52,173 @@ def demo(repeats):
     from .demo import run_demo
 
     run_demo(repeats=repeats)
+
+
+# ---------------------------------------------------------------- a worker in the background
+# start / stop / status / doctor / autostart: the work is in service.py, doctor.py and wsl.py;
+# settings shared with the client (connection file, transport, WSL distro and Python) default
+# to sklearn_gpu_bridge.get_config(), so set_config and SKLEARN_GPU_BRIDGE_<SETTING> reach them.
+
+_CONNECTION_FILE_HELP = ("Connection file of the worker. Default: the setting connection_file "
+                         "(SKLEARN_GPU_BRIDGE_CONNECTION_FILE), else the default file that clients read.")
+
+
+def _connection_file_option(function):
+    return click.option("--connection-file", type=click.Path(dir_okay=False), default=None,
+                        help=_CONNECTION_FILE_HELP)(function)
+
+
+def _wsl_options(function):
+    function = click.option("--python", default=None,
+                            help="The worker's Python (inside WSL with --wsl). Default: this Python here; "
+                                 "with --wsl the setting wsl_python (python3).")(function)
+    function = click.option("--distro", default=None,
+                            help="WSL distribution (with --wsl). Default: the setting wsl_distro, else WSL's default.")(function)
+    return click.option("--wsl", "use_wsl", is_flag=True, default=False,
+                        help="Windows: run the worker inside WSL2 through wsl.exe.")(function)
+
+
+def _print_status(result):
+    from .service import format_status
+
+    click.echo(format_status(result))
+
+
+@main.command()
+@click.option("--backend", default="auto", type=click.Choice(["auto", "cuml", "sklearn"]),
+              help="auto: cuML when importable, otherwise scikit-learn on CPU.")
+@_connection_file_option
+@click.option("--log-file", type=click.Path(dir_okay=False), default=None,
+              help="Where the worker's log goes (appended). Default: next to the connection file, .log.")
+@click.option("--log-level", default="INFO", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]))
+@click.option("--threads", default=1, type=click.IntRange(1), help="Estimator calls run at once.")
+@click.option("--port", default=0, type=click.IntRange(0, 65535), help="TCP port on 127.0.0.1; 0 picks a free one.")
+@click.option("--pool-dir", "pool_dirs", multiple=True, type=click.Path(file_okay=False),
+              help="Extra folder where the worker finds clients' pools (repeatable).")
+@_wsl_options
+@click.option("--startup-timeout", type=click.FloatRange(1), default=None,
+              help="Seconds to wait for the worker to be ready. Default: the setting startup_timeout.")
+@click.option("--measure/--no-measure", default=None,
+              help="Measure the transport paths once ready (default: with --wsl) for transport=auto.")
+def start(backend, connection_file, log_file, log_level, threads, port, pool_dirs, use_wsl, distro, python,
+          startup_timeout, measure):
+    """Start a worker in the background and wait until it is ready."""
+    from .service import ServiceError, start as start_worker
+
+    try:
+        result = start_worker(backend=backend, connection_file=connection_file, log_file=log_file,
+                              log_level=log_level, threads=threads, port=port, pool_dirs=pool_dirs,
+                              python=python, use_wsl=use_wsl, distro=distro, startup_timeout=startup_timeout,
+                              measure=measure)
+    except ServiceError as exc:
+        raise click.ClickException(str(exc)) from None
+    if result.get("already_running"):
+        click.echo("already running:")
+    else:
+        click.echo(f"started in {result['ready_seconds']:.1f} s:")
+    _print_status(result)
+
+
+@main.command()
+@_connection_file_option
+@click.option("--timeout", default=15.0, type=click.FloatRange(0),
+              help="Seconds to wait for a clean stop before signals.")
+def stop(connection_file, timeout):
+    """Stop the background worker (a signed shutdown request, then signals)."""
+    from .service import stop as stop_worker
+
+    result = stop_worker(connection_file=connection_file, timeout=timeout)
+    if result["how"] == "no worker: nothing to stop":
+        click.echo(f"no worker running ({result['connection_file']} does not exist)")
+    elif result["stopped"]:
+        click.echo(f"stopped the worker (pid {result['pid']}) by {result['how']}")
+    else:
+        raise click.ClickException(f"the worker (pid {result['pid']}) did not stop")
+
+
+@main.command()
+@_connection_file_option
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (for scripts).")
+def status(connection_file, as_json):
+    """Backend, versions, GPU, handles, uptime, transport in use, log file. Exit code 1: no worker."""
+    import json
+
+    from .service import status as worker_status
+
+    result = worker_status(connection_file=connection_file)
+    if as_json:
+        click.echo(json.dumps(result, indent=1, default=str))
+    else:
+        _print_status(result)
+    if not result["running"]:
+        raise SystemExit(1)
+
+
+@main.command()
+@_connection_file_option
+@click.option("--wsl/--no-wsl", "use_wsl", default=None,
+              help="Check the worker's side inside WSL2. Default: on Windows, or when `start --wsl` started it.")
+@click.option("--distro", default=None, help="WSL distribution. Default: the one `start` used, else the setting wsl_distro.")
+@click.option("--python", default=None,
+              help="The worker's Python. Default: the one `start` used, else wsl_python (WSL) or this Python.")
+@click.option("--measure/--no-measure", default=True, help="Measure latency and throughput per transport path.")
+@click.option("--quick", is_flag=True, help="Fewer and smaller transfers.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (for scripts).")
+def doctor(connection_file, use_wsl, distro, python, measure, quick, as_json):
+    """Check each link from here to the GPU; every failure prints the command that fixes it."""
+    import json
+
+    from .doctor import format_check, run
+
+    result = run(connection_file=connection_file, use_wsl=use_wsl, distro=distro, python=python, measure=measure,
+                 quick=quick, on_check=None if as_json else (lambda check: click.echo(format_check(check))))
+    if as_json:
+        click.echo(json.dumps(result, indent=1, default=str))
+    else:
+        failed = sum(c["status"] == "fail" for c in result["checks"])
+        click.echo("all checks passed" if not failed else f"{failed} check(s) failed")
+    if not result["ok"]:
+        raise SystemExit(1)
+
+
+@main.group()
+def autostart():
+    """Windows: start the worker inside WSL2 at logon of the current user (no administrator rights)."""
+
+
+@autostart.command("install")
+@click.option("--distro", default=None, help="WSL distribution. Default: the setting wsl_distro, else WSL's default.")
+@click.option("--python", default=None, help="The worker's Python inside WSL. Default: the setting wsl_python.")
+@click.option("--backend", default="auto", type=click.Choice(["auto", "cuml", "sklearn"]))
+@click.option("--log-level", default="INFO", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]))
+def autostart_install(distro, python, backend, log_level):
+    """Add `sklearn-gpu-bridge start --wsl ...` to the current user's Run key (HKCU)."""
+    import sys
+
+    from . import wsl
+    from .config import get_config
+
+    config = get_config()
+    args = ["--wsl", "--backend", backend, "--log-level", log_level]
+    if distro or config["wsl_distro"]:
+        args += ["--distro", distro or config["wsl_distro"]]
+    args += ["--python", python or config["wsl_python"]]
+    command = wsl.autostart_command(sys.executable, args)
+    try:
+        where = wsl.install_autostart(command)
+    except OSError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"at each logon, Windows will run:\n  {command}\n(registry value {where}; "
+               "remove it with: sklearn-gpu-bridge autostart remove)")
+
+
+@autostart.command("remove")
+def autostart_remove():
+    """Remove the Run key entry (a running worker keeps running: `sklearn-gpu-bridge stop`)."""
+    from . import wsl
+
+    try:
+        removed = wsl.remove_autostart()
+    except OSError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo("autostart removed" if removed else "no autostart entry was installed")

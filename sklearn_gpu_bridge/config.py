@@ -27,6 +27,15 @@ DEFAULTS = {
     "startup_timeout": 300.0,
     # seconds without an answer to a ping before a worker is declared lost
     "heartbeat_timeout": 3.0,
+    # how bulk arrays travel: auto (what `doctor`/`start` measured fastest for the running
+    # worker, else the pool where the worker can map it) | pool | frames (no pool); see transport.py
+    "transport": "auto",
+    # elapsed time on stderr during long waits: auto (only when stderr is a terminal) | on | off
+    "progress": "auto",
+    # `start --wsl` / `doctor` on Windows: the WSL distribution (None: WSL's default one)
+    "wsl_distro": None,
+    # ... and the worker's Python inside it (a virtualenv's bin/python, for example)
+    "wsl_python": "python3",
     # a fitted model that can reach no worker answers with the scikit-learn model it
     # carries (with a RuntimeWarning) instead of raising WorkerUnavailable; fits never do
     "cpu_fallback": False,
@@ -55,10 +64,54 @@ def _from_env(name, default):
 
 
 def get_config():
-    """The settings in force: Python overrides, then environment, then defaults."""
+    """The settings in force: Python overrides, then environment, then defaults.
+
+    ``pool`` and ``pool_directory`` are those that ``transport`` implies for
+    the worker in force (see :func:`transport_settings`).
+    """
+    settings, explicit = _raw_config()
+    if settings["transport"] != "auto" or not explicit:
+        settings["pool"], settings["pool_directory"], _ = _resolve_transport(
+            settings, explicit, _connection_file_in_force(settings))
+    return settings
+
+
+def transport_settings(connection_file=None):
+    """(pool, pool_directory, reason) that ``transport`` implies for the worker at ``connection_file``.
+
+    ``frames`` turns the pool off; ``pool`` and ``auto`` use what ``doctor`` or
+    ``start`` measured for that worker, unless ``pool`` or ``pool_directory``
+    were set explicitly (in Python or the environment).
+    """
+    settings, explicit = _raw_config()
+    if connection_file is None:
+        connection_file = _connection_file_in_force(settings)
+    return _resolve_transport(settings, explicit, connection_file)
+
+
+def _raw_config():
     with _lock:
         overrides = dict(_overrides)
-    return {k: overrides[k] if k in overrides else _from_env(k, v) for k, v in DEFAULTS.items()}
+    settings = {k: overrides[k] if k in overrides else _from_env(k, v) for k, v in DEFAULTS.items()}
+    explicit = {k for k in ("pool", "pool_directory") if k in overrides or ENV_PREFIX + k.upper() in os.environ}
+    return settings, explicit
+
+
+def _resolve_transport(settings, explicit, connection_file):
+    from .transport import resolve  # imported here: config is imported by everything
+
+    return resolve(settings["transport"], connection_file, pool=settings["pool"],
+                   pool_directory=settings["pool_directory"], explicit=explicit)
+
+
+def _connection_file_in_force(settings):
+    """The file the client will read: the setting, else the default file if it exists."""
+    if settings["connection_file"] is not None:
+        return settings["connection_file"]
+    from .connect import default_connection_file
+
+    path = default_connection_file()
+    return path if path.exists() else None
 
 
 def set_config(**settings):

@@ -1,0 +1,562 @@
+"""A worker in the background: ``start``, ``stop`` and ``status``, for the CLI and for Python.
+
+``start`` launches ``python -m sklearn_gpu_bridge.worker`` detached from the
+terminal (its own session on Linux; on Windows, inside WSL2 through a hidden
+``wsl.exe`` that lives as long as the worker), sends its output to a log
+file, waits until the worker has written its connection file (which it does
+once warm), and keeps what it knows in a state file next to it
+(``worker.json`` -> ``worker.service.json``: how it was started, the log
+file, the pool folders set up for it, the transport measured).
+
+``stop`` asks the worker to shut down with a signed ``shutdown`` request (the
+same on every platform), waits for it to go, and only then falls back to
+signals. ``status`` asks the worker itself.
+
+Each function takes the same keyword arguments as its command, and returns a
+plain dict; settings shared with the client (``connection_file``,
+``startup_timeout``, ``transport``, ``wsl_distro``, ``wsl_python``) default
+to ``get_config()``'s, so ``set_config`` and ``SKLEARN_GPU_BRIDGE_*`` reach
+them too.
+"""
+
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from . import __version__, transport, wsl
+from .config import get_config, transport_settings
+from .connect import default_connection_file, read_connection_file
+from .errors import BridgeError, ProtocolError
+from .progress import waiting
+from .protocol import Session, new_id
+from .shm import pid_alive
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+STOP_TIMEOUT = 15.0
+PROBE_TIMEOUT = 120.0  # wsl.exe may have to boot the VM first
+
+
+class ServiceError(BridgeError):
+    """A background worker could not be started, stopped or found."""
+
+
+# ---------------------------------------------------------------- paths and files
+
+
+def resolve_connection_file(connection_file=None):
+    """The option, else the setting (``set_config``/environment), else the default file."""
+    return Path(connection_file or get_config()["connection_file"] or default_connection_file())
+
+
+def default_log_file(connection_file):
+    """``.../worker.json`` -> ``.../worker.log``."""
+    return Path(connection_file).with_suffix(".log")
+
+
+def _lock_path(connection_file):
+    return Path(connection_file).with_suffix(".lock")
+
+
+class _StartLock:
+    """One ``start`` at a time per connection file (an exclusive lock file; a dead holder's is broken)."""
+
+    def __init__(self, path, timeout):
+        self.path, self.timeout = Path(path), timeout
+
+    def __enter__(self):
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+            except FileExistsError:
+                try:
+                    holder = int(self.path.read_text() or 0)
+                except (OSError, ValueError):
+                    holder = 0
+                if holder and not pid_alive(holder):
+                    self.path.unlink(missing_ok=True)
+                elif time.monotonic() > deadline:
+                    raise ServiceError(f"another start holds {self.path}") from None
+                else:
+                    time.sleep(0.1)
+                continue
+            os.write(fd, str(os.getpid()).encode())
+            os.close(fd)
+            return self
+
+    def __exit__(self, *exc):
+        self.path.unlink(missing_ok=True)
+
+
+# ---------------------------------------------------------------- talking to a worker without a Connection
+
+
+def quick_request(info, op, timeout=2.0):
+    """A signed quick request (``ping``, ``status``, ``shutdown``) on its own socket; the reply or None.
+
+    No hello and no pool: it works against a worker of another version too
+    (``stop`` must be able to stop one).
+    """
+    import zmq
+
+    session = Session(info.key_bytes)
+    context = zmq.Context()
+    sock = context.socket(zmq.DEALER)
+    sock.linger = 0
+    try:
+        if info.curve_server_key:
+            public, secret = zmq.curve_keypair()
+            sock.curve_serverkey = info.curve_server_key.encode()
+            sock.curve_publickey, sock.curve_secretkey = public, secret
+        sock.connect(info.address)
+        msg_id = new_id()
+        sock.send_multipart(session.pack({"op": op, "id": msg_id, "client": "sgb-service-" + new_id()}))
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            if not sock.poll(left * 1000):
+                return None
+            try:
+                reply, _ = session.unpack(sock.recv_multipart())
+            except ProtocolError:
+                continue
+            if reply.get("parent") == msg_id:
+                return reply
+        return None
+    finally:
+        sock.close(linger=0)
+        context.term()
+
+
+def tcp_reachable(address, timeout=2.0):
+    """Whether something accepts TCP connections at ``tcp://host:port``."""
+    parts = urlsplit(address)
+    host = (parts.hostname or "127.0.0.1").strip("[]")
+    if host in ("0.0.0.0", "*", "::"):
+        host = "127.0.0.1"
+    try:
+        with socket.create_connection((host, parts.port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _read_info(path):
+    try:
+        return read_connection_file(path)
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+
+
+def _answering(path, timeout=2.0):
+    """The connection info at ``path`` if a worker answers a signed ping there, else None."""
+    info = _read_info(path)
+    if info is None:
+        return None
+    return info if quick_request(info, "ping", timeout) is not None else None
+
+
+def _gone(pid):
+    """A local process has exited (a zombie that nobody reaped counts as gone)."""
+    if not pid_alive(pid):
+        return True
+    try:
+        os.waitpid(pid, os.WNOHANG)  # our own child: reap it
+    except (ChildProcessError, OSError, AttributeError):
+        pass
+    if not pid_alive(pid):
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _log_tail(log_file, lines=25):
+    try:
+        text = Path(log_file).read_text(errors="replace")
+    except OSError:
+        return ""
+    return "".join(text.splitlines(True)[-lines:])
+
+
+# ---------------------------------------------------------------- start
+
+
+def worker_argv(python, *, backend, connection_file, log_level="INFO", threads=1, bind="127.0.0.1", port=0,
+                pool_dirs=()):
+    """``python -m sklearn_gpu_bridge.worker ...``: the worker's command line, wherever it runs."""
+    argv = [str(python), "-m", "sklearn_gpu_bridge.worker", "--backend", backend,
+            "--connection-file", str(connection_file), "--log-level", log_level,
+            "--threads", str(threads), "--bind", bind, "--port", str(port)]
+    for folder in pool_dirs:
+        argv += ["--pool-dir", str(folder)]
+    return argv
+
+
+def _spawn(argv, log_file, cwd, windows):
+    """Start ``argv`` detached, its output appended to ``log_file``."""
+    log_file = Path(log_file)
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_BINARY", 0), 0o600)
+    with open(fd, "ab") as log:
+        stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        log.write(f"---- {stamp} sklearn-gpu-bridge start: {shlex.join(map(str, argv))}\n".encode())
+        log.flush()
+        kwargs = {"stdin": subprocess.DEVNULL, "stdout": log, "stderr": subprocess.STDOUT, "cwd": cwd}
+        if windows:
+            kwargs["creationflags"] = wsl.DETACHED_FLAGS
+        else:
+            kwargs["start_new_session"] = True  # no SIGHUP/SIGINT from the terminal that typed `start`
+        return subprocess.Popen(argv, **kwargs)
+
+
+def start(*, backend="auto", connection_file=None, log_file=None, log_level="INFO", threads=1,
+          bind="127.0.0.1", port=0, pool_dirs=(), python=None, use_wsl=False, distro=None,
+          startup_timeout=None, measure=None, wsl_exe=None, windows=None):
+    """Start a background worker, wait until it is ready, and return what ``status`` returns.
+
+    ``use_wsl``: run it inside WSL2 (``distro``, ``python``: the Python there).
+    ``measure``: after start, measure the transport candidates (default: with WSL).
+    ``windows``, ``wsl_exe``: the platform and the ``wsl.exe`` to use (tests simulate them).
+    """
+    config = get_config()
+    windows = sys.platform == "win32" if windows is None else windows
+    connection_file = resolve_connection_file(connection_file)
+    log_file = Path(log_file) if log_file else default_log_file(connection_file)
+    startup_timeout = float(startup_timeout or config["startup_timeout"])
+    if log_level not in LOG_LEVELS:
+        raise ValueError(f"log_level must be one of {LOG_LEVELS}")
+    connection_file.parent.mkdir(parents=True, exist_ok=True)
+    with _StartLock(_lock_path(connection_file), startup_timeout):
+        if _answering(connection_file) is not None:
+            result = status(connection_file=connection_file)
+            result["already_running"] = True
+            return result
+        _clear_stale(connection_file)
+        if use_wsl:
+            distro = distro or config["wsl_distro"]
+            python = python or config["wsl_python"]
+            argv, state = _wsl_launch(connection_file, backend=backend, log_level=log_level, threads=threads,
+                                      bind=bind, port=port, pool_dirs=pool_dirs, python=python, distro=distro,
+                                      wsl_exe=wsl_exe or find_wsl_exe(), windows=windows)
+        else:
+            python = python or sys.executable
+            argv = worker_argv(python, backend=backend, connection_file=connection_file, log_level=log_level,
+                               threads=threads, bind=bind, port=port, pool_dirs=pool_dirs)
+            state = {"wsl": None, "pool_candidates": [
+                {"name": "pool-dir", "client": str(d), "worker": str(d)} for d in pool_dirs]}
+        started = time.monotonic()
+        process = _spawn(argv, log_file, cwd=str(connection_file.parent), windows=windows)
+        state.update(pid=process.pid, log_file=str(log_file), log_level=log_level, backend_requested=backend,
+                     argv=list(map(str, argv)), started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                     version=__version__)
+        transport.write_state(connection_file, state)
+        _wait_ready(process, connection_file, log_file, startup_timeout, use_wsl)
+    ready_seconds = time.monotonic() - started
+    if use_wsl if measure is None else measure:
+        info = read_connection_file(connection_file)
+        with waiting("measuring the transport paths"):
+            results = transport.measure(info, connection_file, transport.candidates_for(connection_file), quick=True)
+        transport.record(connection_file, results, transport.choose(results))
+    result = status(connection_file=connection_file)
+    result["ready_seconds"] = ready_seconds
+    return result
+
+
+def _clear_stale(connection_file):
+    """Remove a connection file that no live worker answers for (refuse if its process still lives)."""
+    info = _read_info(connection_file)
+    if info is None:
+        Path(connection_file).unlink(missing_ok=True)
+        return
+    state = transport.read_state(connection_file)
+    if not state.get("wsl") and state.get("pid") == info.pid and info.pid != os.getpid() and not _gone(info.pid):
+        raise ServiceError(
+            f"a worker (pid {info.pid}) holds {connection_file} but does not answer; "
+            f"stop it with:  sklearn-gpu-bridge stop --connection-file {connection_file}"
+        )
+    Path(connection_file).unlink(missing_ok=True)
+
+
+def _wait_ready(process, connection_file, log_file, timeout, use_wsl):
+    deadline = time.monotonic() + timeout
+    where = "inside WSL" if use_wsl else "in the background"
+    with waiting(f"starting the worker {where} (log: {log_file})"):
+        while True:
+            info = _read_info(connection_file)
+            if info is not None and (use_wsl or info.pid == process.pid):
+                return info
+            if process.poll() is not None:
+                raise ServiceError(
+                    f"the worker exited with code {process.returncode} before it was ready; "
+                    f"the end of {log_file}:\n{_log_tail(log_file)}"
+                )
+            if time.monotonic() > deadline:
+                process.kill()
+                raise ServiceError(f"the worker was not ready within {timeout:.0f} s; see {log_file}")
+            time.sleep(0.05)
+
+
+# ---------------------------------------------------------------- start inside WSL2
+
+
+def find_wsl_exe():
+    """``wsl.exe`` on the PATH, else in System32."""
+    import shutil
+
+    found = shutil.which("wsl.exe") or shutil.which("wsl")
+    if found:
+        return found
+    return str(Path(os.environ.get("SystemRoot", r"C:\Windows")) / "System32" / "wsl.exe")
+
+
+def run_probe(*, python, use_wsl, distro=None, wsl_exe=None, params=None, timeout=PROBE_TIMEOUT):
+    """Run ``_probe.py`` with the worker's Python (inside WSL, or here); its JSON, or raise ServiceError."""
+    source = wsl.probe_source((Path(__file__).with_name("_probe.py")).read_text(), params or {})
+    argv = wsl.python_code_argv(python, source)
+    if use_wsl:
+        argv = wsl.wsl_command(argv, distro=distro, wsl_exe=wsl_exe or find_wsl_exe())
+    try:
+        # never in the caller's folder, where a checkout's sklearn_gpu_bridge/ would shadow the installed one
+        code, out, err = wsl.run(argv, timeout, cwd=None if use_wsl else tempfile.gettempdir())
+    except FileNotFoundError as exc:
+        raise ServiceError(f"cannot run {argv[0]}: {exc}") from None
+    except subprocess.TimeoutExpired:
+        raise ServiceError(f"{argv[0]} did not answer within {timeout:.0f} s") from None
+    lines = [line for line in out.splitlines() if line.startswith("{")]
+    if code != 0 or not lines:
+        where = f"WSL ({distro or 'default distribution'})" if use_wsl else "here"
+        raise ServiceError(f"the worker's Python {python!r} {where} could not run: {(err or out).strip()[-2000:]}")
+    return json.loads(lines[-1])
+
+
+def _wsl_launch(connection_file, *, backend, log_level, threads, bind, port, pool_dirs, python, distro,
+                wsl_exe, windows):
+    """(wsl.exe command line, state) for a worker in WSL2 writing its file where this side reads it."""
+    folder = Path(connection_file).parent
+    shared_pool = folder / "pool"  # on the Windows disk: /mnt/<drive>/... inside WSL
+    shared_pool.mkdir(parents=True, exist_ok=True)
+    linux_pool = "~/.cache/sklearn-gpu-bridge/pool"  # on the WSL disk: \\wsl.localhost\<distro>\... here
+    probe = run_probe(python=python, use_wsl=True, distro=distro, wsl_exe=wsl_exe,
+                      params={"wslpath": [str(folder), str(shared_pool)], "mkdirs": [linux_pool]})
+    if "sklearn_gpu_bridge" in probe["errors"]:
+        raise ServiceError(
+            f"sklearn-gpu-bridge is not installed for {python} in WSL "
+            f"({probe['errors']['sklearn_gpu_bridge']}); install it with:\n  "
+            + install_command(python, distro=distro, use_wsl=True)
+        )
+
+    def inside(path):
+        return probe["wslpath"].get(str(path)) or wsl.windows_to_wsl(path)
+
+    home_pool = linux_pool.replace("~", probe["home"], 1)
+    candidates = [{"name": "windows-disk", "client": str(shared_pool), "worker": inside(shared_pool)}]
+    distro_name = distro or probe.get("distro")
+    if windows and distro_name:
+        candidates.append({"name": "wsl-disk", "client": wsl.wsl_to_windows(home_pool, distro_name),
+                           "worker": home_pool})
+    worker_pool_dirs = ["/dev/shm", "/tmp", *(c["worker"] for c in candidates), *pool_dirs]
+    argv = wsl.wsl_command(
+        worker_argv(python, backend=backend, connection_file=inside(folder) + "/" + Path(connection_file).name,
+                    log_level=log_level, threads=threads, bind=bind, port=port,
+                    pool_dirs=list(dict.fromkeys(worker_pool_dirs))),
+        distro=distro, wsl_exe=wsl_exe,
+    )
+    state = {"wsl": {"distro": distro_name, "python": python, "wsl_exe": str(wsl_exe),
+                     "worker_python": probe.get("executable"), "versions": probe.get("versions")},
+             "pool_candidates": candidates}
+    return argv, state
+
+
+def install_command(python, *, distro=None, use_wsl=False):
+    """The command that installs this version of the package for the worker's Python."""
+    pip = f'{python} -m pip install "sklearn-gpu-bridge[worker-cu12]=={__version__}"'
+    if use_wsl:
+        return f"wsl{' -d ' + distro if distro else ''} -- {pip}"
+    return pip
+
+
+# ---------------------------------------------------------------- stop
+
+
+def stop(*, connection_file=None, timeout=STOP_TIMEOUT):
+    """Stop the worker at ``connection_file``: shutdown request, then signals. Returns what was done."""
+    connection_file = resolve_connection_file(connection_file)
+    state = transport.read_state(connection_file)
+    info = _read_info(connection_file)
+    result = {"connection_file": str(connection_file), "stopped": False, "how": None,
+              "pid": info.pid if info else state.get("pid")}
+    if info is None and (not state.get("pid") or state.get("stopped_at")):
+        result["how"] = "no worker: nothing to stop"
+        return result
+    asked = info is not None and quick_request(info, "shutdown", timeout=min(3.0, timeout or 3.0)) is not None
+    with waiting("stopping the worker"):
+        if asked and _wait_gone(connection_file, state, info, timeout):
+            result.update(stopped=True, how="shutdown request")
+        else:
+            result.update(stopped=_signal_stop(connection_file, state, info, min(5.0, timeout or 5.0)),
+                          how="signals")
+    Path(connection_file).unlink(missing_ok=True)
+    if state:  # keep where the log is (a later `status` still shows it), drop the rest
+        transport.write_state(connection_file, {
+            "log_file": state.get("log_file"), "wsl": state.get("wsl"),
+            "stopped_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        })
+    return result
+
+
+def _local_pid(state, info):
+    """The pid to watch on this machine: the worker's own, or (WSL) that of its wsl.exe."""
+    if state.get("wsl"):
+        return state.get("pid")
+    return info.pid if info is not None else state.get("pid")
+
+
+def _wait_gone(connection_file, state, info, timeout):
+    pid = _local_pid(state, info)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not Path(connection_file).exists() and (pid is None or _gone(pid)):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _signal_stop(connection_file, state, info, wait=5.0):
+    """SIGTERM (the worker stops cleanly), SIGKILL ``wait`` s later; for WSL, kill inside, then end wsl.exe."""
+    if state.get("wsl") and info is not None:
+        w = state["wsl"]
+        try:
+            wsl.run(wsl.wsl_command(["kill", "-TERM", str(info.pid)], distro=w.get("distro"),
+                                    wsl_exe=w.get("wsl_exe") or find_wsl_exe()), timeout=30)
+        except (OSError, subprocess.SubprocessError):
+            pass
+    pid = _local_pid(state, info)
+    if pid is None or _gone(pid):
+        return True
+    for sig in (signal.SIGTERM, getattr(signal, "SIGKILL", signal.SIGTERM)):
+        try:
+            os.kill(pid, sig)
+        except OSError:  # gone meanwhile, or not ours
+            pass
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            if _gone(pid):
+                return True
+            time.sleep(0.05)
+    return False
+
+
+# ---------------------------------------------------------------- status
+
+
+def status(*, connection_file=None):
+    """What the worker says about itself, and what this side knows (log file, transport in use)."""
+    connection_file = resolve_connection_file(connection_file)
+    state = transport.read_state(connection_file)
+    result = {"connection_file": str(connection_file), "running": False,
+              "log_file": state.get("log_file"), "wsl": state.get("wsl")}
+    info = _read_info(connection_file)
+    if info is None:
+        result["problem"] = f"no connection file at {connection_file}"
+        return result
+    result.update(address=info.address, pid=info.pid, protocol_version=info.protocol_version,
+                  encrypted=bool(info.curve_server_key))
+    if quick_request(info, "ping", timeout=3.0) is None:
+        reachable = tcp_reachable(info.address)
+        result["problem"] = (
+            f"something listens at {info.address} but does not accept this file's key" if reachable
+            else f"no worker answers at {info.address} (the connection file is stale)"
+        )
+        return result
+    result["running"] = True
+    result.update(_client_view(info, connection_file))
+    return result
+
+
+def _client_view(info, connection_file):
+    """Connect as a client with the settings in force: the worker's status, and the transport used."""
+    from .client import Connection
+
+    config = get_config()
+    pool, pool_directory, reason = transport_settings(connection_file)
+    out = {"transport_setting": config["transport"], "transport_reason": reason}
+    conn = Connection(info, connection_file=str(connection_file), pool=pool, pool_directory=pool_directory,
+                      heartbeat_timeout=config["heartbeat_timeout"])
+    try:
+        reply = conn.status()
+        out["transport"] = {"path": "pool", "pool_directory": conn.pool.directory} if conn.pool is not None \
+            else {"path": "frames", "pool_directory": None}
+        out["fallback_reason"] = conn.hello.get("fallback_reason")
+    finally:
+        conn.close()
+    out.update(backend=reply.get("backend"), versions=reply.get("versions") or {}, uptime=reply.get("uptime"),
+               handles=reply.get("handles"), requests=reply.get("requests") or {},
+               refused=reply.get("refused") or {}, pools=reply.get("pools"))
+    record = transport.current_record(connection_file)
+    if record:
+        out["transport_measured"] = record
+    return out
+
+
+# ---------------------------------------------------------------- text for people
+
+
+def _duration(seconds):
+    from .progress import format_seconds
+
+    return format_seconds(seconds or 0)
+
+
+def format_status(result):
+    """``status`` as aligned lines of text."""
+    rows = []
+    if not result.get("running"):
+        rows.append(("worker", f"not running: {result.get('problem', '?')}"))
+        rows.append(("start one", "sklearn-gpu-bridge start" + (" --wsl" if result.get("wsl") else "")))
+    else:
+        rows.append(("worker", f"running, pid {result['pid']}, up {_duration(result.get('uptime'))}"))
+        rows.append(("address", f"{result['address']} (protocol {result['protocol_version']}"
+                     + (", CurveZMQ encrypted)" if result.get("encrypted") else ")")))
+        backend = result.get("backend") or "?"
+        if result.get("fallback_reason"):
+            backend += f" (fallback: {result['fallback_reason']})"
+        rows.append(("backend", backend))
+        versions = dict(result.get("versions") or {})
+        gpu, memory = versions.pop("gpu", None), versions.pop("gpu_memory_total", None)
+        rows.append(("versions", ", ".join(f"{k} {v}" for k, v in versions.items())))
+        rows.append(("GPU", f"{gpu}, {memory / 2**30:.1f} GiB" if gpu and memory else gpu or "none reported"))
+        rows.append(("handles", f"{result.get('handles', 0)} live"))
+        requests = result.get("requests") or {}
+        if requests:
+            rows.append(("requests", ", ".join(f"{k} {v}" for k, v in sorted(requests.items()))))
+        used = result.get("transport") or {}
+        path = f"pool in {used['pool_directory']}" if used.get("path") == "pool" else "frames (ZeroMQ over TCP)"
+        rows.append(("transport", f"{path}  (setting {result.get('transport_setting')}: "
+                     f"{result.get('transport_reason')})"))
+        measured = result.get("transport_measured")
+        if measured:
+            parts = []
+            for r in measured.get("results", ()):
+                if r.get("mb_per_s"):
+                    parts.append(f"{r['name']} {r['mb_per_s']:.0f} MB/s")
+                else:
+                    parts.append(f"{r['name']} unusable")
+            rows.append(("measured", ", ".join(parts) + f" -> {measured.get('choice')}"))
+    rows.append(("connection", result.get("connection_file")))
+    rows.append(("log file", result.get("log_file") or "- (not started by `sklearn-gpu-bridge start`)"))
+    if result.get("wsl"):
+        w = result["wsl"]
+        rows.append(("WSL", f"distribution {w.get('distro') or '(default)'}, python {w.get('python')}"))
+    width = max(len(name) for name, _ in rows)
+    return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
