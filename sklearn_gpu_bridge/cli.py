@@ -22,7 +22,7 @@ def main():
 
 @main.command()
 @click.option("--bind", default="127.0.0.1",
-              help="Address to listen on. Anything but loopback turns CurveZMQ encryption on.")
+              help="Address to listen on. Anything but loopback needs --curve-secret-key (CurveZMQ encryption).")
 @click.option("--port", default=0, type=click.IntRange(0, 65535), help="TCP port; 0 picks a free one.")
 @click.option("--backend", default="auto", type=click.Choice(["auto", "cuml", "sklearn"]),
               help="auto: cuML when importable, otherwise scikit-learn on CPU.")
@@ -34,15 +34,60 @@ def main():
 @click.option("--pool-dir", "pool_dirs", multiple=True, type=click.Path(file_okay=False),
               help="Folder where clients' shared-memory pools may be found (repeatable). "
                    "Default: /dev/shm and the temp folder.")
+@click.option("--curve-secret-key", type=click.Path(dir_okay=False), default=None,
+              help="CurveZMQ secret key file (owner-only) made by `sklearn-gpu-bridge keys`: encrypts "
+                   "all traffic. Required to bind anything but loopback.")
+@click.option("--key-file", type=click.Path(dir_okay=False), default=None,
+              help="File holding the signing key in hex (at least 128 bits). Default: a fresh random key.")
+@click.option("--client-timeout", default=600.0, type=click.FloatRange(0),
+              help="Seconds of silence after which a client whose process cannot be watched (another "
+                   "host) is freed; it pings while idle to stay. 0: never.")
 @click.option("--log-level", default="INFO", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]))
-def worker(bind, port, backend, connection_file, threads, parent_pid, pool_dirs, log_level):
+def worker(bind, port, backend, connection_file, threads, parent_pid, pool_dirs, curve_secret_key, key_file,
+           client_timeout, log_level):
     """Run a worker in this process until SIGINT, SIGTERM or a shutdown request."""
+    from .worker.server import ConfigurationError
+
     logging.basicConfig(level=log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    chosen, reason = make_backend(backend)
-    if reason:
-        logging.getLogger("sklearn_gpu_bridge.worker").warning("falling back to scikit-learn: %s", reason)
-    Worker(chosen, host=bind, port=port, connection_file=connection_file, threads=threads,
-           parent_pid=parent_pid, fallback_reason=reason, pool_dirs=pool_dirs).start().serve_forever()
+    key = None
+    if key_file is not None:
+        try:
+            with open(key_file) as f:
+                key = f.read()
+        except OSError as exc:
+            raise click.ClickException(f"cannot read the key file {key_file}: {exc.strerror}") from None
+    try:
+        # settings are checked before the backend warms up: a refusal comes at once
+        Worker.check_settings(host=bind, key=key, curve_secret_key=curve_secret_key)
+        chosen, reason = make_backend(backend)
+        if reason:
+            logging.getLogger("sklearn_gpu_bridge.worker").warning("falling back to scikit-learn: %s", reason)
+        server = Worker(chosen, host=bind, port=port, connection_file=connection_file, threads=threads,
+                        parent_pid=parent_pid, fallback_reason=reason, pool_dirs=pool_dirs, key=key,
+                        curve_secret_key=curve_secret_key, client_timeout=client_timeout)
+    except ConfigurationError as exc:
+        raise click.ClickException(str(exc)) from None
+    server.start().serve_forever()
+
+
+@main.command()
+@click.argument("directory", type=click.Path(file_okay=False))
+@click.option("--name", default="worker", show_default=True, help="File names: NAME.key and NAME.key_secret.")
+@click.option("--force", is_flag=True, help="Replace key files that exist.")
+def keys(directory, name, force):
+    """Make a CurveZMQ keypair for a worker that binds beyond loopback.
+
+    Writes DIRECTORY/NAME.key_secret (owner-only: pass it to `worker --curve-secret-key`)
+    and DIRECTORY/NAME.key (the public key; the worker also puts it in its connection file).
+    """
+    from .worker.server import make_curve_keys
+
+    try:
+        public, secret = make_curve_keys(directory, name, force=force)
+    except FileExistsError as exc:
+        raise click.ClickException(f"{exc.filename} exists; pass --force to replace it") from None
+    click.echo(f"secret key: {secret}  (mode 0600; give it to: sklearn-gpu-bridge worker --curve-secret-key {secret})")
+    click.echo(f"public key: {public}")
 
 
 @main.command()
@@ -73,7 +118,8 @@ def _wsl_options(function):
                             help="The worker's Python (inside WSL with --wsl). Default: this Python here; "
                                  "with --wsl the setting wsl_python (python3).")(function)
     function = click.option("--distro", default=None,
-                            help="WSL distribution (with --wsl). Default: the setting wsl_distro, else WSL's default.")(function)
+                            help="WSL distribution (with --wsl). Default: the setting wsl_distro, "
+                                 "else WSL's default.")(function)
     return click.option("--wsl", "use_wsl", is_flag=True, default=False,
                         help="Windows: run the worker inside WSL2 through wsl.exe.")(function)
 
@@ -158,7 +204,8 @@ def status(connection_file, as_json):
 @_connection_file_option
 @click.option("--wsl/--no-wsl", "use_wsl", default=None,
               help="Check the worker's side inside WSL2. Default: on Windows, or when `start --wsl` started it.")
-@click.option("--distro", default=None, help="WSL distribution. Default: the one `start` used, else the setting wsl_distro.")
+@click.option("--distro", default=None,
+              help="WSL distribution. Default: the one `start` used, else the setting wsl_distro.")
 @click.option("--python", default=None,
               help="The worker's Python. Default: the one `start` used, else wsl_python (WSL) or this Python.")
 @click.option("--measure/--no-measure", default=True, help="Measure latency and throughput per transport path.")

@@ -4,12 +4,22 @@ Each thread gets its own DEALER socket; the process has one shared-memory
 pool and one list of handles waiting to be released. A forked or spawned
 child (joblib's workers) opens its own connection to the SAME worker: it
 finds it through the environment variable that names the connection file.
+
+While a call waits, the client watches three things and raises
+:class:`WorkerLost` on the first that fails: the TCP connection (a worker
+that dies, SIGKILL included, closes it, which a socket monitor reports at
+once), the local worker's process (when this process started it), and the
+worker's answers to a ping sent every half second on a socket of its own (a
+worker that hangs without dying stops answering; ``heartbeat_timeout``
+seconds after its last answer it is declared lost). A worker busy with a
+long fit still answers pings, so it is never mistaken for a dead one.
 """
 
 import atexit
 import importlib
 import logging
 import os
+import subprocess
 import threading
 import time
 import warnings
@@ -18,6 +28,7 @@ from collections import Counter, deque
 
 import numpy as np
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from .config import ENV_PREFIX, get_config
 from .connect import default_connection_file, read_connection_file
@@ -37,7 +48,7 @@ log = logging.getLogger(__name__)
 
 ENV_CONNECTION_FILE = ENV_PREFIX + "CONNECTION_FILE"
 HELLO_TIMEOUT = 10.0
-POLL_SECONDS = 0.5
+POLL_SECONDS = 0.5  # a waiting call wakes up at least this often, and pings the worker this often
 
 
 def start_hint(path="PATH"):
@@ -50,6 +61,72 @@ SAFE_ERROR_MODULES = frozenset({
 })
 
 
+def _signing_key(info, path):
+    """The connection file's key as bytes; an empty or unreadable key is refused."""
+    try:
+        key = bytes.fromhex(info.key or "")
+    except (TypeError, ValueError):
+        raise ProtocolError(f"the key in the connection file {path} is not hex") from None
+    if not key:
+        raise ProtocolError(
+            f"the connection file {path} holds an empty key, which would turn message signing off; "
+            f"refusing it. {start_hint(path)}"
+        )
+    return key
+
+
+def _dealer(info, connect=True):
+    """A DEALER to the worker (CurveZMQ when the worker encrypts), on the process's ZeroMQ context.
+
+    The context is the process-wide ``zmq.Context.instance()``, never one per
+    connection: a connection dropped with sockets still open (a thread that
+    never noticed the loss) then costs those sockets, never a ``term()`` that
+    blocks forever inside the garbage collector.
+    """
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.linger = 0
+    if info.curve_server_key:
+        public, secret = zmq.curve_keypair()
+        sock.curve_serverkey = info.curve_server_key.encode()
+        sock.curve_publickey, sock.curve_secretkey = public, secret
+    if connect:
+        sock.connect(info.address)
+    return sock
+
+
+class _Link:
+    """One thread's sockets: requests, a monitor of the connection, and (when needed) pings."""
+
+    def __init__(self, info):
+        self.info = info
+        self.socket = _dealer(info, connect=False)
+        self.events = self.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self.socket.connect(info.address)  # after the monitor: no event is missed
+        self.pinger = None
+
+    def disconnected(self):
+        """Whether the connection dropped since the last look (reads all pending events)."""
+        dropped = False
+        while self.events.poll(0):
+            event = recv_monitor_message(self.events)
+            dropped |= event["event"] == zmq.EVENT_DISCONNECTED
+        return dropped
+
+    def ping_socket(self):
+        if self.pinger is None:
+            self.pinger = _dealer(self.info)
+        return self.pinger
+
+    def close(self):
+        try:
+            self.socket.disable_monitor()
+        except zmq.ZMQError:
+            pass
+        for sock in (self.events, self.socket, self.pinger):
+            if sock is not None:
+                sock.close(linger=0)
+
+
 class Connection:
     """A process's link to one worker: sockets per thread, one pool, pending releases."""
 
@@ -57,45 +134,82 @@ class Connection:
                  heartbeat_timeout=2.0, process=None):
         self.info = info
         self.connection_file = connection_file or "PATH"
+        key = _signing_key(info, self.connection_file)
         self.pid = os.getpid()
         self.client_id = new_id()
         self.process = process  # the local worker's Popen, to notice its death at once
         self.heartbeat_timeout = heartbeat_timeout
-        self.context = zmq.Context()
-        self.session = Session(info.key_bytes)
+        self.session = Session(key)
         self.stats = Counter()  # arrays sent/received per path: inline, pool, frame
         self._stats_lock = threading.Lock()
         self.closed = False
         self._local = threading.local()
-        self._sockets = []
+        self._links = []
         self._sockets_lock = threading.Lock()
         self._releases = deque()
+        self._keepalive = None
+        self._stop_keepalive = threading.Event()
         self.pool = Pool(pool_directory) if pool != "off" else None
         try:
             self.hello = self._hello()
         except BaseException:
             self._close_sockets()
             raise
+        if self.hello.get("client_timeout"):
+            self._start_keepalive(float(self.hello["client_timeout"]))
 
     # ------------------------------------------------------------ sockets
 
     def _new_socket(self):
-        sock = self.context.socket(zmq.DEALER)
-        sock.linger = 0
-        if self.info.curve_server_key:
-            public, secret = zmq.curve_keypair()
-            sock.curve_serverkey = self.info.curve_server_key.encode()
-            sock.curve_publickey, sock.curve_secretkey = public, secret
-        sock.connect(self.info.address)
-        return sock
+        return _dealer(self.info)
+
+    def _link(self):
+        link = getattr(self._local, "link", None)
+        if link is None:
+            link = self._local.link = _Link(self.info)
+            with self._sockets_lock:
+                self._links.append(link)
+        return link
 
     def _socket(self):
-        sock = getattr(self._local, "socket", None)
-        if sock is None:
-            sock = self._local.socket = self._new_socket()
+        return self._link().socket
+
+    def _drop_link(self):
+        """Close this thread's sockets (after its worker was lost); a thread closes only its own."""
+        link = getattr(self._local, "link", None)
+        if link is not None:
+            self._local.link = None
             with self._sockets_lock:
-                self._sockets.append(sock)
-        return sock
+                if link in self._links:
+                    self._links.remove(link)
+            link.close()
+
+    def _lost(self, message):
+        self.closed = True
+        self._drop_link()
+        return WorkerLost(message)
+
+    # ------------------------------------------------------------ staying known to the worker
+
+    def _start_keepalive(self, client_timeout):
+        """Ping now and then, so that a worker that cannot watch this process does not free it."""
+        interval = max(0.05, client_timeout / 4)
+
+        def run():
+            while not self._stop_keepalive.wait(interval):
+                if self.closed or self.pid != os.getpid():
+                    return
+                if not self.ping(timeout=min(5.0, interval)):
+                    log.debug("keepalive ping to %s got no answer", self.info.address)
+
+        self._keepalive = threading.Thread(target=run, name="sgb-keepalive", daemon=True)
+        self._keepalive.start()
+
+    def _stop_keepalive_thread(self):
+        self._stop_keepalive.set()
+        thread = self._keepalive
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=10)
 
     # ------------------------------------------------------------ round trips
 
@@ -112,9 +226,10 @@ class Connection:
         try:
             reply, _ = self._roundtrip(header, timeout=HELLO_TIMEOUT)
         except WorkerLost as exc:
+            why = (f"within {HELLO_TIMEOUT:.0f} s (not running, or a different key)" if "within" in str(exc)
+                   else "(it closed the connection: stopped, or a CurveZMQ key that does not match)")
             raise WorkerUnavailable(
-                f"no worker answered at {self.info.address} within {HELLO_TIMEOUT:.0f} s "
-                f"(not running, or a different key); {start_hint(self.connection_file)}"
+                f"no worker answered at {self.info.address} {why}; {start_hint(self.connection_file)}"
             ) from exc
         finally:
             if probe is not None:
@@ -135,41 +250,68 @@ class Connection:
         releases = self._drain_releases()
         if releases:
             header["release"] = releases
-        sock = self._socket()
-        sock.send_multipart(self.session.pack(header, buffers), copy=False)
-        reply, reply_buffers = self._await(sock, header["id"], timeout)
+        link = self._link()
+        link.disconnected()  # forget drops that happened before this request
+        link.socket.send_multipart(self.session.pack(header, buffers), copy=False)
+        reply, reply_buffers = self._await(link, header["id"], timeout, header["op"])
         if reply["op"] == "error":
             raise rebuild_error(reply)
         for module, category, message in reply.get("warnings", ()):
             warnings.warn(message, _warning_class(module, category), stacklevel=4)
         return reply, reply_buffers
 
-    def _await(self, sock, msg_id, timeout):
-        waited = 0.0
+    def _await(self, link, msg_id, timeout, op):
+        """The reply to ``msg_id``; WorkerLost as soon as the worker is known to be gone.
+
+        With ``timeout`` (hello, status, goodbye): give up after that many
+        seconds. Without: wait as long as the worker answers pings.
+        """
+        start = last_alive = time.monotonic()
+        poller = zmq.Poller()
+        poller.register(link.socket, zmq.POLLIN)
+        poller.register(link.events, zmq.POLLIN)
+        ping_id = None
+        ping_every = min(POLL_SECONDS, self.heartbeat_timeout / 4)
         while True:
-            if sock.poll(POLL_SECONDS * 1000):
-                frames = sock.recv_multipart(copy=False)
-                try:
-                    reply, buffers = self.session.unpack(frames)
-                except ProtocolError as exc:
-                    log.warning("dropped a reply: %s", exc)
-                    continue
-                if reply.get("parent") == msg_id:
-                    return reply, buffers
-                continue  # the late reply of a request given up on
-            waited += POLL_SECONDS
-            if self.process is not None and self.process.poll() is not None:
-                self.closed = True
-                raise WorkerLost(f"the local worker exited (code {self.process.returncode}) during the call")
-            if timeout is not None:
-                if waited >= timeout:
-                    raise WorkerLost(f"no reply from {self.info.address} within {timeout:.0f} s")
-            elif not self.ping(self.heartbeat_timeout):
-                self.closed = True
-                raise WorkerLost(
+            now = time.monotonic()
+            left = (start + timeout if timeout is not None else last_alive + self.heartbeat_timeout) - now
+            if left <= 0:
+                if timeout is not None:
+                    raise self._lost(f"no reply from {self.info.address} within {timeout:.0f} s")
+                raise self._lost(
                     f"the worker at {self.info.address} stopped answering "
-                    f"(no ping reply within {self.heartbeat_timeout:.0f} s) during the call"
+                    f"(no ping reply for {self.heartbeat_timeout:g} s) during a {op!r} request"
                 )
+            events = dict(poller.poll(min(left, ping_every) * 1000))
+            if link.socket in events:
+                reply = self._receive(link.socket)
+                if reply is not None and reply[0].get("parent") == msg_id:
+                    return reply
+                # otherwise the late reply of a request given up on: read on
+            if link.events in events and link.disconnected():
+                raise self._lost(f"the connection to the worker at {self.info.address} closed during a {op!r} "
+                                 "request (the worker stopped or was killed)")
+            if link.pinger is not None and link.pinger in events:
+                pong = self._receive(link.pinger)
+                if pong is not None and pong[0].get("parent") == ping_id:
+                    last_alive, ping_id = time.monotonic(), None
+            if self.process is not None and self.process.poll() is not None:
+                raise self._lost(f"the local worker exited (code {self.process.returncode}) during a {op!r} request")
+            if timeout is None and ping_id is None and time.monotonic() - last_alive >= ping_every:
+                pinger = link.ping_socket()
+                if pinger not in dict(poller.sockets):
+                    poller.register(pinger, zmq.POLLIN)
+                ping_id = new_id()
+                pinger.send_multipart(self.session.pack({"op": "ping", "id": ping_id, "client": self.client_id}))
+
+    def _receive(self, sock):
+        """(header, buffers) of the next message on ``sock``, or None if it is refused."""
+        frames = sock.recv_multipart(copy=False)
+        try:
+            return self.session.unpack(frames)
+        except ProtocolError as exc:
+            log.warning("dropped a reply: %s", exc)
+            return None
 
     def ping(self, timeout=2.0):
         """True if the worker answers a ping within ``timeout`` seconds (busy or not)."""
@@ -299,20 +441,44 @@ class Connection:
         if self.closed or self.pid != os.getpid():
             return
         self.closed = True
+        self._stop_keepalive_thread()
         try:
             self._roundtrip({"op": "goodbye"}, timeout=2.0)
         except Exception as exc:  # noqa: BLE001 - best effort at exit; the worker may be gone
             log.debug("goodbye failed: %s", exc)
         self._close_sockets()
 
+    def retire(self):
+        """After the worker was lost: stop pinging and remove the pool's files.
+
+        Sockets of other threads are left to those threads (each closes its own
+        when it notices the loss), so nothing is closed under a thread's feet.
+        """
+        self.closed = True
+        self._stop_keepalive_thread()
+        if self.pid == os.getpid():
+            self._drop_link()  # the calling thread's own sockets
+            if self.pool is not None:
+                self.pool.close()
+            if self.process is not None:
+                # A local worker this process started: make sure it is gone (and reaped) before a new
+                # one is started in its place. A killed one may still be tearing down; a frozen one is
+                # killed here, since it stopped answering.
+                try:
+                    self.process.wait(timeout=2.0)
+                except subprocess.TimeoutExpired:
+                    log.warning("the local worker %d stopped answering; killing it", self.process.pid)
+                    self.process.kill()
+                    self.process.wait()
+
     def _close_sockets(self):
+        self._stop_keepalive_thread()
         with self._sockets_lock:
-            for sock in self._sockets:
-                sock.close(linger=0)
-            self._sockets.clear()
+            for link in self._links:
+                link.close()
+            self._links.clear()
         if self.pool is not None:
             self.pool.close()
-        self.context.term()
 
 
 class _OutputReader:
@@ -372,17 +538,41 @@ _connection = None
 _warned_fallback = False
 
 
+_exit_hook = None
+
+
 def get_connection():
-    """This process's connection, made on first use (starting a local worker if needed)."""
-    global _connection
+    """This process's connection, made on first use (starting a local worker if needed).
+
+    After a :class:`WorkerLost`, the next call connects anew: to the worker in
+    the connection file, or to a local worker started again if it was one.
+    """
+    global _connection, _exit_hook
     conn = _connection
-    if conn is not None and conn.pid == os.getpid() and not conn.closed:
+    if _usable(conn):
         return conn
     with _lock:
-        if _connection is None or _connection.pid != os.getpid() or _connection.closed:
+        if not _usable(_connection):
+            if _connection is not None and _connection.pid == os.getpid():
+                _connection.retire()  # lost: its pool files go now, not at exit
+            _connection = None
             _connection = _connect()
-            atexit.register(_connection.close)
+            if _exit_hook != os.getpid():
+                _exit_hook = os.getpid()
+                atexit.register(_close_at_exit)
         return _connection
+
+
+def _usable(conn):
+    """Open, of this process, and (for a local worker this process started) that worker still runs."""
+    return (conn is not None and conn.pid == os.getpid() and not conn.closed
+            and (conn.process is None or conn.process.poll() is None))
+
+
+def _close_at_exit():
+    conn = _connection
+    if conn is not None and conn.pid == os.getpid():
+        conn.close()
 
 
 def reset_connection():

@@ -28,6 +28,7 @@ from .shm import pid_alive
 
 _NAME = re.compile(r"^local-(\d+)\.json$")
 _stopped_at_exit = set()
+_started = {}  # connection file -> Popen of the worker this process started there last
 
 
 def rendezvous_folder():
@@ -54,6 +55,9 @@ def _running(path):
         pid = read_connection_file(path).pid
     except (OSError, ValueError, TypeError, KeyError):
         return None
+    ours = _started.get(Path(path))
+    if ours is not None and ours.pid == pid:
+        return pid if ours.poll() is None else None  # our child: poll() also reaps it (a zombie looks alive)
     return pid if pid_alive(pid) else None
 
 
@@ -100,10 +104,15 @@ def ensure_local_worker(backend, startup_timeout, preferred=None):
             if not _running(path):
                 path.unlink(missing_ok=True)
                 process = _start(backend, path, folder / f"local-{owner}.log", owner, startup_timeout)
+                _started[path] = process
     if path.name == f"local-{os.getpid()}.json" and path not in _stopped_at_exit:
-        _stopped_at_exit.add(path)  # the owner stops it, whoever started it
-        atexit.register(stop_local_worker, path, process)
+        _stopped_at_exit.add(path)  # the owner stops it, whoever started it (and whichever restart runs)
+        atexit.register(_stop_at_exit, path)
     return path, process
+
+
+def _stop_at_exit(path):
+    stop_local_worker(path, _started.get(path))
 
 
 def _start(backend, path, log_file, owner, startup_timeout):
@@ -129,6 +138,8 @@ def _start(backend, path, log_file, owner, startup_timeout):
 
 def stop_local_worker(path, process=None):
     """SIGTERM (the worker stops cleanly and removes its file), then SIGKILL after 5 s."""
+    if process is not None and process.poll() is not None:
+        process = None  # that one has exited (its pid may be someone else's by now)
     pid = process.pid if process is not None else _running(path)
     if pid is not None and pid_alive(pid):
         os.kill(pid, signal.SIGTERM)

@@ -2,10 +2,13 @@
 
 A message is a ZeroMQ multipart ``[signature, header, *buffers]``:
 
-- ``header`` is a pickle (protocol 5) of a dict made only of plain builtins
-  (None, bool, int, float, str, bytes, tuple, list, dict). It is read by an
-  unpickler that refuses every global, so even a signed header cannot name a
-  class or a function, and it is read only after its signature checks.
+- ``header`` is a pickle (protocol 5, written without a memo) of a dict made
+  only of plain builtins (None, bool, int, float, str, bytes, tuple, list,
+  dict). It is read only after its signature checks, and then only if every
+  opcode is one that builds such a value (no globals, no calls, no memo
+  references): even a signed header cannot name a class or a function, make a
+  value that refers to itself, or make the reader allocate more than the
+  header's own size suggests.
 - ``signature`` is the hex HMAC-SHA256 of the header bytes under the shared
   key, compared in constant time. A signature seen before is a replay and is
   refused; every header carries a fresh random ``id``, so no honest message
@@ -33,6 +36,7 @@ import io
 import math
 import os
 import pickle
+import pickletools
 from collections import Counter, deque
 
 import numpy as np
@@ -59,14 +63,40 @@ def new_id():
     return os.urandom(12).hex()
 
 
+# The opcodes that build plain values. Left out on purpose: globals, calls and
+# object building (GLOBAL, REDUCE, BUILD, INST, OBJ, NEWOBJ ...), and memo
+# references (GET, BINGET, PUT ...): a memo index of 2**30 makes CPython's
+# unpickler allocate and zero gigabytes, and references would let a header of
+# a few bytes be a list that contains itself, or 2**n leaves deep.
+PLAIN_OPCODES = frozenset({
+    "PROTO", "FRAME", "STOP", "MARK", "MEMOIZE",
+    "NONE", "NEWTRUE", "NEWFALSE", "BININT", "BININT1", "BININT2", "LONG1", "LONG4", "BINFLOAT",
+    "SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "SHORT_BINBYTES", "BINBYTES", "BINBYTES8",
+    "EMPTY_LIST", "APPEND", "APPENDS", "EMPTY_DICT", "SETITEM", "SETITEMS",
+    "EMPTY_TUPLE", "TUPLE1", "TUPLE2", "TUPLE3", "TUPLE",
+})
+
+
 class _PlainUnpickler(pickle.Unpickler):
     def find_class(self, module, name):
         raise ProtocolError(f"header names {module}.{name}; only plain values are allowed")
 
 
+def dumps_header(header):
+    """Pickle a header of plain values, without a memo (so no opcode refers back)."""
+    buffer = io.BytesIO()
+    pickler = pickle.Pickler(buffer, protocol=5)
+    pickler.fast = True  # no memo: shared objects are written twice; a cycle is refused
+    pickler.dump(header)
+    return buffer.getvalue()
+
+
 def loads_header(data):
-    """Unpickle a header that may hold plain builtins only."""
+    """Unpickle a header that may hold plain builtins only, after checking every opcode."""
     try:
+        for opcode, _, _ in pickletools.genops(data):
+            if opcode.name not in PLAIN_OPCODES:
+                raise ProtocolError(f"header uses the pickle opcode {opcode.name}; only plain values are allowed")
         return _PlainUnpickler(io.BytesIO(data)).load()
     except ProtocolError:
         raise
@@ -112,7 +142,7 @@ class Session:
 
     def pack(self, header, buffers=()):
         """Serialize ``header`` (plain values) and sign it; buffers follow raw."""
-        header_bytes = pickle.dumps(header, protocol=5)
+        header_bytes = dumps_header(header)
         return [self.sign(header_bytes), header_bytes, *buffers]
 
     def unpack(self, frames):

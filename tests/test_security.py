@@ -12,17 +12,25 @@ import json
 import os
 import pickle
 import re
+import socket
 import stat
+import subprocess
+import sys
 
 import cloudpickle
 import numpy as np
 import pytest
 import zmq
+import zmq.auth
 from sklearn.preprocessing import StandardScaler
 
 import sklearn_gpu_bridge
 from sklearn_gpu_bridge import GPUStandardScaler, ProtocolError
 from sklearn_gpu_bridge.protocol import Session, new_id
+from sklearn_gpu_bridge.worker import Worker
+from sklearn_gpu_bridge.worker.server import ConfigurationError, make_curve_keys
+
+from .conftest import WorkerProcess, assert_same, use_worker
 
 NO_REPLY_MS = 1000  # how long refused messages are given to (wrongly) get a reply
 LATE_MS = 200  # and, after the ping proof, how long a late reply is still waited for
@@ -291,3 +299,203 @@ def test_calling_a_method_outside_the_allowed_list_is_refused(connection, fitted
 def test_call_on_a_handle_that_does_not_exist_is_refused(connection, handle):
     with pytest.raises((KeyError, TypeError)):
         connection.call(handle, "transform", [np.ones((2, 3))], {})
+
+
+# ---------------------------------------------------------------- keys and addresses at start-up
+
+
+CLI = (sys.executable, "-c", "from sklearn_gpu_bridge.cli import main; main()")
+
+
+def _start_refused(tmp_path, *args, timeout=60):
+    """Run a worker that must refuse to start: (exit code, output); no connection file may appear."""
+    connection_file = tmp_path / "refused.json"
+    run = subprocess.run(
+        [sys.executable, "-m", "sklearn_gpu_bridge.worker", "--backend", "sklearn",
+         "--connection-file", str(connection_file), *args],
+        capture_output=True, text=True, timeout=timeout, cwd=tmp_path,
+    )
+    assert not connection_file.exists()
+    return run.returncode, run.stdout + run.stderr
+
+
+def _make_keys(folder, cli=False):
+    if not cli:
+        return make_curve_keys(folder)
+    run = subprocess.run([*CLI, "keys", str(folder)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert str(folder / "worker.key_secret") in run.stdout
+    return folder / "worker.key", folder / "worker.key_secret"
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.0.2.1", "example.org", "127.0.0.1.nip.io"])
+def test_binding_beyond_loopback_without_keys_is_refused(host):
+    with pytest.raises(ConfigurationError, match="needs CurveZMQ encryption keys") as refused:
+        Worker.check_settings(host=host)
+    assert "sklearn-gpu-bridge keys DIR" in str(refused.value)
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.3.4.5", "::1", "localhost"])
+def test_loopback_needs_no_keys(host):
+    key, curve = Worker.check_settings(host=host)
+    assert re.fullmatch(r"[0-9a-f]{64}", key) and curve is None
+
+
+def test_worker_command_beyond_loopback_without_keys_exits_and_says_how_to_make_them(tmp_path):
+    code, output = _start_refused(tmp_path, "--bind", "0.0.0.0")
+    assert code != 0
+    assert "needs CurveZMQ encryption keys" in output
+    assert "sklearn-gpu-bridge keys DIR" in output and "--curve-secret-key DIR/worker.key_secret" in output
+
+
+def test_keys_command_writes_an_owner_only_secret_and_refuses_to_overwrite(tmp_path):
+    public_file, secret_file = _make_keys(tmp_path / "keys", cli=True)
+    assert stat.S_IMODE(os.stat(secret_file).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(tmp_path / "keys").st_mode) == 0o700
+    public, secret = zmq.auth.load_certificate(secret_file)
+    assert len(public) == len(secret) == 40 and zmq.curve_public(secret) == public
+    assert zmq.auth.load_certificate(public_file) == (public, None)
+    again = subprocess.run([*CLI, "keys", str(tmp_path / "keys")],
+                           capture_output=True, text=True, timeout=60)
+    assert again.returncode != 0 and "--force" in again.stderr
+    assert zmq.auth.load_certificate(secret_file) == (public, secret)  # untouched
+
+
+def test_a_secret_key_file_that_others_can_read_is_refused(tmp_path):
+    _, secret_file = _make_keys(tmp_path / "keys")
+    assert Worker.check_settings(host="0.0.0.0", curve_secret_key=secret_file)[1] is not None
+    os.chmod(secret_file, 0o640)
+    with pytest.raises(ConfigurationError, match=f"chmod 600 {secret_file}"):
+        Worker.check_settings(host="0.0.0.0", curve_secret_key=secret_file)
+
+
+def test_a_public_key_file_is_no_secret_key(tmp_path):
+    public_file, _ = _make_keys(tmp_path / "keys")
+    os.chmod(public_file, 0o600)
+    with pytest.raises(ConfigurationError, match="holds no secret key"):
+        Worker.check_settings(host="0.0.0.0", curve_secret_key=public_file)
+    with pytest.raises(ConfigurationError, match="No such file"):
+        Worker.check_settings(host="0.0.0.0", curve_secret_key=tmp_path / "absent")
+
+
+@pytest.mark.parametrize("key, message", [
+    ("", "empty"), (b"", "empty"), ("\n  \n", "empty"), ("0123abcd", "at least 128 bits"),
+    ("not hex at all!", "hex digits"),
+], ids=["empty", "empty-bytes", "blank", "short", "not-hex"])
+def test_a_bad_signing_key_is_refused(key, message):
+    with pytest.raises(ConfigurationError, match=message):
+        Worker.check_settings(host="127.0.0.1", key=key)
+
+
+def test_worker_command_with_an_empty_key_file_exits(tmp_path):
+    (tmp_path / "key").write_text("")
+    code, output = _start_refused(tmp_path, "--key-file", str(tmp_path / "key"))
+    assert code != 0 and "empty" in output and "signing off" in output
+
+
+def test_worker_uses_a_signing_key_it_is_given(tmp_path):
+    key = os.urandom(32).hex()
+    (tmp_path / "key").write_text(key + "\n")
+    process = WorkerProcess(tmp_path, extra_args=("--key-file", str(tmp_path / "key")))
+    try:
+        assert process.info.key == key
+        client = RawClient(process)
+        try:
+            assert client.request(client.header("ping"))[0]["op"] == "reply"
+        finally:
+            client.close()
+    finally:
+        process.stop()
+
+
+@pytest.mark.parametrize("key", ["", "zz"], ids=["empty", "not-hex"])
+def test_client_refuses_a_connection_file_with_a_bad_key(worker, tmp_path, key):
+    data = json.loads(worker.connection_file.read_text())
+    data["key"] = key
+    path = tmp_path / "bad-key.json"
+    path.write_text(json.dumps(data))
+    sklearn_gpu_bridge.reset_connection()
+    with sklearn_gpu_bridge.config_context(connection_file=str(path)):
+        with pytest.raises(ProtocolError, match="empty key|not hex"):
+            sklearn_gpu_bridge.get_connection()
+    sklearn_gpu_bridge.reset_connection()
+
+
+def _server_mechanism(address):
+    """The security mechanism a ZeroMQ listener announces in its ZMTP 3 greeting (read off a raw TCP socket)."""
+    host, port = address.removeprefix("tcp://").rsplit(":", 1)
+    host = "127.0.0.1" if host in ("0.0.0.0", "*") else host
+    with socket.create_connection((host, int(port)), timeout=5) as conn:
+        conn.sendall(b"\xff" + bytes(8) + b"\x7f" + b"\x03")  # signature and major version: the server answers
+        # with its whole greeting (version, mechanism, as-server) before it learns which mechanism we speak
+        received = b""
+        while len(received) < 64:
+            chunk = conn.recv(64 - len(received))
+            if not chunk:
+                break
+            received += chunk
+    return received[12:32].rstrip(b"\x00").decode()
+
+
+def test_loopback_worker_speaks_plain_zmtp_signed_by_hmac(worker):
+    assert _server_mechanism(worker.info.address) == "NULL"
+
+
+@pytest.fixture(scope="module")
+def curve_worker(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("curve")
+    public_file, secret_file = _make_keys(tmp_path / "keys")
+    process = WorkerProcess(tmp_path, extra_args=("--bind", "0.0.0.0", "--curve-secret-key", str(secret_file)))
+    yield process, zmq.auth.load_certificate(public_file)[0].decode()
+    sklearn_gpu_bridge.reset_connection()
+    process.stop()
+
+
+def test_client_and_worker_talk_over_curve(curve_worker, worker):
+    """Bound to 0.0.0.0 with the user's keys: CURVE on the wire, the public key in the file, a client that works."""
+    process, public = curve_worker
+    assert process.info.curve_server_key == public
+    assert process.info.address.startswith("tcp://0.0.0.0:")
+    assert _server_mechanism(process.info.address) == "CURVE"
+    use_worker(process)
+    try:
+        X = np.random.default_rng(0).normal(size=(2000, 8))  # 128 KB: frames or pool, not only inline
+        assert_same(GPUStandardScaler().fit_transform(X), StandardScaler().fit_transform(X))
+        connection = sklearn_gpu_bridge.get_connection()
+        assert connection.info.curve_server_key == public
+        assert connection.status()["refused"] == {}
+    finally:
+        use_worker(worker)
+
+
+def test_curve_worker_answers_nothing_without_curve_or_with_the_wrong_server_key(curve_worker):
+    process, public = curve_worker
+    plain = RawClient(process)  # the right HMAC key, but no CURVE
+    try:
+        plain.send(plain.frames("ping"))
+        assert plain.receive(NO_REPLY_MS) is None
+    finally:
+        plain.close()
+    wrong = zmq.Context()
+    try:
+        sock = wrong.socket(zmq.DEALER)
+        sock.linger = 0
+        sock.curve_serverkey = zmq.curve_keypair()[0]  # someone else's server
+        sock.curve_publickey, sock.curve_secretkey = zmq.curve_keypair()
+        sock.connect(process.info.address)
+        sock.send_multipart(Session(process.info.key_bytes).pack({"op": "ping", "id": new_id(), "client": "x"}))
+        assert not sock.poll(NO_REPLY_MS)
+        sock.close(linger=0)
+    finally:
+        wrong.term()
+    right = RawClient(process)
+    right.socket.close(linger=0)
+    right.socket = right.context.socket(zmq.DEALER)
+    right.socket.linger = 0
+    right.socket.curve_serverkey = public.encode()
+    right.socket.curve_publickey, right.socket.curve_secretkey = zmq.curve_keypair()
+    right.socket.connect(process.info.address)
+    try:
+        assert right.request(right.header("ping"))[0]["op"] == "reply"
+    finally:
+        right.close()

@@ -142,19 +142,3 @@ def test_local_worker_is_started_shared_with_joblib_children_and_stopped(tmp_pat
         assert len(report["warnings"]) == 1  # said once, not per call or per child
     assert _wait_dead(report["worker_pid"]), "the local worker outlived its client"
     assert not any(os.path.exists(p) for p in report["pool_files"])
-
-
-def test_worker_off_loopback_encrypts_with_curve(tmp_path):
-    """Bound to 0.0.0.0 the worker turns CurveZMQ on; a client with the file still works."""
-    process = WorkerProcess(tmp_path, extra_args=("--bind", "0.0.0.0"))
-    try:
-        assert process.info.curve_server_key and len(process.info.curve_server_key) == 40
-        use_worker(process)
-        X = np.random.default_rng(0).normal(size=(200, 4))
-        labels = GPUKMeans(n_clusters=2, random_state=0).fit_predict(X)
-        assert labels.shape == (200,)
-        connection = sklearn_gpu_bridge.get_connection()
-        assert connection.info.curve_server_key == process.info.curve_server_key
-    finally:
-        sklearn_gpu_bridge.reset_connection()
-        process.stop()

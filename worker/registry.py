@@ -1,8 +1,15 @@
-"""Handles: the worker's table of live estimators, each owned by one client."""
+"""Handles: the worker's table of live estimators, each owned by one client.
+
+A handle is an int that starts with 31 random bits of this registry, so a
+handle that a client kept from an earlier worker is not found here (never
+mistaken for another estimator that happens to have the same number).
+"""
 
 import itertools
+import secrets
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 
@@ -20,7 +27,7 @@ class Registry:
     def __init__(self):
         self._entries = {}
         self._lock = threading.Lock()
-        self._ids = itertools.count(1)
+        self._ids = itertools.count((secrets.randbits(31) | 1) << 32)
 
     def add(self, estimator, name, client):
         with self._lock:
@@ -29,16 +36,24 @@ class Registry:
             return handle
 
     def get(self, handle):
+        if type(handle) is not int:
+            raise TypeError(f"a handle is an int, not {type(handle).__name__}")
         with self._lock:
             entry = self._entries.get(handle)
         if entry is None:
-            raise KeyError(f"no estimator with handle {handle!r} on this worker (released or evicted)")
+            shown = handle if abs(handle) < 2**64 else "(a huge number)"
+            raise KeyError(f"no estimator with handle {shown} on this worker (released, evicted, "
+                           "or made by another worker)")
         entry.last_used = time.monotonic()
         return entry
 
-    def release(self, handles):
+    def release(self, handles, client):
+        """Release those of ``handles`` that ``client`` owns; returns how many."""
         with self._lock:
-            return sum(self._entries.pop(h, None) is not None for h in handles)
+            mine = [h for h in handles if type(h) is int and getattr(self._entries.get(h), "client", None) == client]
+            for h in mine:
+                del self._entries[h]
+            return len(mine)
 
     def release_client(self, client):
         with self._lock:
@@ -46,6 +61,11 @@ class Registry:
             for h in mine:
                 del self._entries[h]
             return len(mine)
+
+    def owners(self):
+        """How many handles each client owns."""
+        with self._lock:
+            return Counter(e.client for e in self._entries.values())
 
     def __len__(self):
         with self._lock:
