@@ -28,6 +28,7 @@ GPUUMAP = remote_estimator(
     "hash_input=False, random_state=None, force_serial_epochs=None, precomputed_knn=None, "
     "callback=None, build_algo='auto', build_kwds=None, device_ids=None",
     methods="transform fit_transform inverse_transform", features_out=_n_embedded,
+    tags={"transformer_tags.preserves_dtype": ["float32"]},  # cuML and umap-learn embed in float32
     doc="uniform manifold approximation and projection. Its CPU counterpart is umap-learn's "
         "``umap.UMAP`` (the scikit-learn backend needs umap-learn installed on the worker).",
 )
