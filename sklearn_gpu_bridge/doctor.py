@@ -34,8 +34,15 @@ class Check:
     fix: str | None = None
 
 
-def _start_command(use_wsl, distro, python):
-    parts = ["sklearn-gpu-bridge start"]
+def _file_option(connection_file):
+    """`` --connection-file PATH`` unless it is the default file (which the commands use anyway)."""
+    if Path(connection_file) == Path(service.resolve_connection_file()):
+        return ""
+    return f" --connection-file {connection_file}"
+
+
+def _start_command(use_wsl, distro, python, connection_file):
+    parts = ["sklearn-gpu-bridge start" + _file_option(connection_file)]
     if use_wsl:
         parts.append("--wsl")
         if distro:
@@ -63,7 +70,9 @@ def run(*, connection_file=None, use_wsl=None, distro=None, python=None, measure
         python = python or wsl_state.get("python") or config["wsl_python"]
     else:
         python = python or (state.get("argv") or [None])[0] or sys.executable
-    start_fix = _start_command(use_wsl, distro, python)
+    start_fix = _start_command(use_wsl, distro, python, connection_file)
+    stop_command = f"sklearn-gpu-bridge stop{_file_option(connection_file)}"
+    restart = f"{stop_command}, then: {start_fix}"
     checks = []
 
     def add(name, status, detail="", fix=None):
@@ -95,9 +104,10 @@ def run(*, connection_file=None, use_wsl=None, distro=None, python=None, measure
         add("worker Python", "skip", "needs WSL and the distribution")
 
     # ---- the worker itself
-    info = _check_connection(add, connection_file, start_fix)
+    info = _check_connection(add, connection_file, start_fix, restart)
     if info is not None:
-        info = _check_worker(add, info, connection_file, start_fix, python, distro, use_wsl)
+        info = _check_worker(add, info, restart, python, distro, use_wsl,
+                             cuml_restart=f"{stop_command}, then: {start_fix} --backend cuml")
 
     # ---- transport paths
     results, chosen = [], None
@@ -183,7 +193,7 @@ def _check_environment(add, probe, python, distro, use_wsl):
         add("GPU", "warn", probe.get("gpu_error") or "no GPU visible", fix)
 
 
-def _check_connection(add, connection_file, start_fix):
+def _check_connection(add, connection_file, start_fix, restart):
     """The connection file: there, readable, owner-only; its info or None."""
     path = Path(connection_file)
     if not path.exists():
@@ -193,8 +203,7 @@ def _check_connection(add, connection_file, start_fix):
         info = read_connection_file(path)
         info.key_bytes  # noqa: B018 - the key must decode
     except (OSError, ValueError, TypeError, KeyError) as exc:
-        add("connection file", "fail", f"{path} cannot be read: {exc}",
-            f"sklearn-gpu-bridge stop && {start_fix}")
+        add("connection file", "fail", f"{path} cannot be read: {exc}", restart)
         return None
     mode = path.stat().st_mode
     if os.name == "posix" and mode & (stat.S_IRWXG | stat.S_IRWXO):
@@ -205,8 +214,7 @@ def _check_connection(add, connection_file, start_fix):
     return info
 
 
-def _check_worker(add, info, connection_file, start_fix, python, distro, use_wsl):
-    restart = f"sklearn-gpu-bridge stop && {start_fix}"
+def _check_worker(add, info, restart, python, distro, use_wsl, cuml_restart):
     if not service.tcp_reachable(info.address):
         add("worker reachable", "fail", f"nothing listens at {info.address} (the connection file is stale)", restart)
         return None
@@ -235,8 +243,7 @@ def _check_worker(add, info, connection_file, start_fix, python, distro, use_wsl
         add("backend", "ok", f"cuml {versions.get('cuml', '?')}" + (f" on {gpu}" if gpu else ""))
     else:
         add("backend", "warn", f"{backend}: the worker runs scikit-learn on the CPU",
-            f"install cuML for the worker ({service.install_command(python, distro=distro, use_wsl=use_wsl)}), "
-            f"then: sklearn-gpu-bridge stop && {start_fix} --backend cuml")
+            f"{service.install_command(python, distro=distro, use_wsl=use_wsl)}; then: {cuml_restart}")
     return info
 
 

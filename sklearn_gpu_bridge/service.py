@@ -367,7 +367,8 @@ def _wsl_launch(connection_file, *, backend, log_level, threads, bind, port, poo
                            "worker": home_pool})
     worker_pool_dirs = ["/dev/shm", "/tmp", *(c["worker"] for c in candidates), *pool_dirs]
     argv = wsl.wsl_command(
-        worker_argv(python, backend=backend, connection_file=inside(folder) + "/" + Path(connection_file).name,
+        worker_argv(probe.get("executable") or python, backend=backend,  # the probe's: an absolute path
+                    connection_file=inside(folder) + "/" + Path(connection_file).name,
                     log_level=log_level, threads=threads, bind=bind, port=port,
                     pool_dirs=list(dict.fromkeys(worker_pool_dirs))),
         distro=distro, wsl_exe=wsl_exe,

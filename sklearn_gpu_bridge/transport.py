@@ -160,31 +160,39 @@ def measure(info, connection_file, candidates, *, quick=False, on_result=None):
     """
     import numpy as np
 
-    from .client import Connection
+    from .progress import waiting
 
     rng = np.random.default_rng()
     results = []
     for name, directory in candidates:
-        result = {"name": name, "pool_directory": directory, "available": False, "coherent": None}
-        try:
-            conn = Connection(info, connection_file=str(connection_file), pool="off" if directory is None else "auto",
-                              pool_directory=directory, heartbeat_timeout=5.0)
-        except Exception as exc:  # noqa: BLE001 - reported: a folder that cannot be created, a dead worker
-            result["why"] = f"{type(exc).__name__}: {exc}"
-        else:
-            try:
-                if directory is not None and conn.pool is None:
-                    result["why"] = f"the worker does not see {directory} (not in its --pool-dir folders)"
-                else:
-                    result.update(_measure_one(conn, rng, quick))
-            except Exception as exc:  # noqa: BLE001 - a broken path is a result, not a crash
-                result["why"] = f"{type(exc).__name__}: {exc}"
-            finally:
-                conn.close()
-        results.append(result)
+        with waiting(f"measuring {name}" + (f" ({directory})" if directory else "")):
+            results.append(_measure_candidate(info, connection_file, name, directory, rng, quick))
         if on_result is not None:
-            on_result(result)
+            on_result(results[-1])
     return results
+
+
+def _measure_candidate(info, connection_file, name, directory, rng, quick):
+    """One candidate's figures; every failure becomes the result's ``why``."""
+    from .client import Connection
+
+    result = {"name": name, "pool_directory": directory, "available": False, "coherent": None}
+    try:
+        conn = Connection(info, connection_file=str(connection_file), pool="off" if directory is None else "auto",
+                          pool_directory=directory, heartbeat_timeout=5.0)
+    except Exception as exc:  # noqa: BLE001 - reported: a folder that cannot be created, a dead worker
+        result["why"] = f"{type(exc).__name__}: {exc}"
+        return result
+    try:
+        if directory is not None and conn.pool is None:
+            result["why"] = f"the worker does not see {directory} (not in its --pool-dir folders)"
+        else:
+            result.update(_measure_one(conn, rng, quick))
+    except Exception as exc:  # noqa: BLE001 - a broken path is a result, not a crash
+        result["why"] = f"{type(exc).__name__}: {exc}"
+    finally:
+        conn.close()
+    return result
 
 
 def _echo_checked(conn, arr):

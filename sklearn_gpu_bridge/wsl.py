@@ -108,6 +108,9 @@ def wsl_command(argv, *, distro=None, cd="~", wsl_exe="wsl.exe", user=None):
     Windows folder the command was typed in (a checkout there could shadow
     the installed package).
     """
+    argv = [str(a) for a in argv]
+    if cd == "~" and argv and argv[0].startswith("~/"):
+        argv[0] = argv[0][2:]  # no shell expands "~" under --exec; relative to the home it starts in
     command = [str(wsl_exe)]
     if distro:
         command += ["-d", distro]
@@ -115,7 +118,7 @@ def wsl_command(argv, *, distro=None, cd="~", wsl_exe="wsl.exe", user=None):
         command += ["-u", user]
     if cd:
         command += ["--cd", cd]
-    return command + ["--exec", *map(str, argv)]
+    return command + ["--exec", *argv]
 
 
 def python_code_argv(python, source):

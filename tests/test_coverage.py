@@ -16,10 +16,10 @@ from scipy import sparse
 from sklearn.base import clone
 from sklearn.datasets import load_iris, make_regression
 from sklearn.preprocessing import StandardScaler
+from sklearn_gpu_bridge.worker.backends import CLASSES, SklearnBackend
 
 import sklearn_gpu_bridge
 from sklearn_gpu_bridge.estimators import REGISTRY
-from sklearn_gpu_bridge.worker.backends import CLASSES, SklearnBackend
 
 from .conftest import BACKEND, assert_same
 
@@ -168,6 +168,15 @@ def test_equals_direct_sklearn(name):
     assert compared or name.endswith(("Covariance", "LedoitWolf"))
 
 
+def assert_close(got, expected):
+    """Equal on the scikit-learn backend; within float32 round-off on cuML."""
+    if BACKEND == "sklearn":
+        np.testing.assert_array_equal(got, expected)
+    else:
+        np.testing.assert_allclose(np.asarray(got, dtype=float), np.asarray(expected, dtype=float),
+                                   rtol=1e-4, atol=1e-5)
+
+
 def _dense(a):
     return a.toarray() if sparse.issparse(a) else a
 
@@ -186,8 +195,8 @@ def test_every_method_runs_and_pickles(name):
             assert first[method].shape[0] == len(args[0])
     loaded = pickle.loads(pickle.dumps(model))
     assert "_remote" not in loaded.__dict__
-    for method, expected in first.items():
-        np.testing.assert_array_equal(getattr(loaded, method)(args[0]), expected)
+    for method, expected in first.items():  # cuML: the state went through its scikit-learn form
+        assert_close(getattr(loaded, method)(args[0]), expected)
 
 
 # ------------------------------------------------------------------ the declarations
@@ -285,8 +294,9 @@ def test_string_labels_come_back_as_given(name):
     np.testing.assert_array_equal(model.classes_, np.unique(labels))
     predicted = model.predict(X)
     assert predicted.dtype == labels.dtype and set(predicted) <= set(labels)
-    by_code = REGISTRY[name](**params).fit(X, y).predict(X)  # the same model, on the codes
-    np.testing.assert_array_equal(predicted, names[by_code])
+    if BACKEND == "sklearn":  # cuML's forests (n_streams > 1) do not repeat exactly
+        by_code = REGISTRY[name](**params).fit(X, y).predict(X)  # the same model, on the codes
+        np.testing.assert_array_equal(predicted, names[by_code])
 
 
 @exact

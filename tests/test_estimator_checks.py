@@ -5,7 +5,6 @@ The instances use small settings where the default would make the checks slow
 each expected failure says why.
 """
 
-import pytest
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
 import sklearn_gpu_bridge as sgb

@@ -168,7 +168,8 @@ def test_doctor_names_the_fix_for_a_foreign_key_and_a_stale_file(background, tmp
     run = cli(background.env, "doctor", "--no-measure", "--connection-file", str(foreign))
     assert run.returncode == 1
     assert "[FAIL] key accepted" in run.stdout
-    assert "fix: sklearn-gpu-bridge stop && sklearn-gpu-bridge start" in run.stdout
+    assert (f"fix: sklearn-gpu-bridge stop --connection-file {foreign}, "
+            f"then: sklearn-gpu-bridge start --connection-file {foreign}") in run.stdout
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         free_port = s.getsockname()[1]
@@ -181,12 +182,13 @@ def test_doctor_names_the_fix_for_a_foreign_key_and_a_stale_file(background, tmp
     assert checks["connection file"]["status"] == "warn" and checks["connection file"]["fix"] == f"chmod 600 {stale}"
     assert checks["worker reachable"]["status"] == "fail" and "stale" in checks["worker reachable"]["detail"]
     missing = doctor.run(connection_file=tmp_path / "absent.json", measure=False)
-    assert {c["name"]: c for c in missing["checks"]}["connection file"]["fix"] == "sklearn-gpu-bridge start"
+    fix = {c["name"]: c for c in missing["checks"]}["connection file"]["fix"]
+    assert fix == f"sklearn-gpu-bridge start --connection-file {tmp_path / 'absent.json'}"
 
 
 def test_stop_then_status_then_stop_again(background):
     """Last of the module's tests: it stops the module's worker."""
-    env, pid, home = background.env, background.pid, background.home
+    env, pid = background.env, background.pid
     run = cli(env, "stop")
     assert run.returncode == 0, run.stderr
     assert f"stopped the worker (pid {pid}) by shutdown request" in run.stdout

@@ -74,12 +74,16 @@ def test_wsl_command_line_runs_the_worker_without_a_shell():
     command = wsl.wsl_command(argv, distro="Ubuntu-24.04", wsl_exe=r"C:\Windows\System32\wsl.exe")
     assert command[:6] == [r"C:\Windows\System32\wsl.exe", "-d", "Ubuntu-24.04", "--cd", "~", "--exec"]
     assert command[6:9] == ["/home/ada/venv/bin/python", "-m", "sklearn_gpu_bridge.worker"]
-    assert command[command.index("--connection-file") + 1].endswith("Ada Lovelace/AppData/Local/sklearn-gpu-bridge/worker.json")
+    connection_file = command[command.index("--connection-file") + 1]
+    assert connection_file.endswith("Ada Lovelace/AppData/Local/sklearn-gpu-bridge/worker.json")
     assert command.count("--pool-dir") == 2
     # what CreateProcess receives: paths with spaces quoted, nothing for a shell to expand
     line = subprocess.list2cmdline(command)
     assert '"/mnt/c/Users/Ada Lovelace/AppData/Local/sklearn-gpu-bridge/worker.json"' in line
     assert wsl.wsl_command(["true"])[:3] == ["wsl.exe", "--cd", "~"]  # WSL's default distribution
+    # no shell expands "~" under --exec: a home-relative program runs relative to the home it starts in
+    assert wsl.wsl_command(["~/venv/bin/python", "-V"])[-3:] == ["--exec", "venv/bin/python", "-V"]
+    assert wsl.wsl_command(["~/venv/bin/python"], cd=None)[-1] == "~/venv/bin/python"
 
 
 def test_probe_argument_survives_any_quoting(tmp_path):
@@ -186,7 +190,8 @@ def test_autostart_install_read_remove():
     assert wsl.read_autostart(registry) is None
     where = wsl.install_autostart('"C:\\py\\pythonw.exe" -m sklearn_gpu_bridge start --wsl', registry)
     assert where == r"HKEY_CURRENT_USER\Software\Microsoft\Windows\CurrentVersion\Run\sklearn-gpu-bridge"
-    assert registry.keys[wsl.RUN_KEY] == {"sklearn-gpu-bridge": '"C:\\py\\pythonw.exe" -m sklearn_gpu_bridge start --wsl'}
+    assert registry.keys[wsl.RUN_KEY] == {
+        "sklearn-gpu-bridge": '"C:\\py\\pythonw.exe" -m sklearn_gpu_bridge start --wsl'}
     wsl.install_autostart("again", registry)  # replaces, never duplicates
     assert wsl.read_autostart(registry) == "again"
     assert wsl.remove_autostart(registry) is True
@@ -209,11 +214,13 @@ def test_autostart_cli_writes_the_run_key(monkeypatch):
     monkeypatch.setattr(wsl, "_winreg", lambda: registry)
     monkeypatch.setattr(sys, "executable", r"C:\Users\ada\AppData\Local\Programs\Python\Python312\python.exe")
     runner = CliRunner()
-    result = runner.invoke(cli.main, ["autostart", "install", "--distro", "Ubuntu", "--python", "/home/ada/v/bin/python"],
+    result = runner.invoke(cli.main,
+                           ["autostart", "install", "--distro", "Ubuntu", "--python", "/home/ada/v/bin/python"],
                            env={"SKLEARN_GPU_BRIDGE_AUTOSTART_INSTALL_BACKEND": "cuml"})
     assert result.exit_code == 0, result.output
     command = registry.keys[wsl.RUN_KEY]["sklearn-gpu-bridge"]
-    assert command.startswith(r"C:\Users\ada\AppData\Local\Programs\Python\Python312\pythonw.exe -m sklearn_gpu_bridge start --wsl")
+    pythonw = r"C:\Users\ada\AppData\Local\Programs\Python\Python312\pythonw.exe"
+    assert command.startswith(pythonw + " -m sklearn_gpu_bridge start --wsl")
     assert "--backend cuml" in command and "--distro Ubuntu" in command and "--python /home/ada/v/bin/python" in command
     result = runner.invoke(cli.main, ["autostart", "remove"])
     assert result.exit_code == 0 and "removed" in result.output

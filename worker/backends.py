@@ -397,7 +397,10 @@ class CumlBackend(Backend):
 
     def export_state(self, estimator):
         as_sklearn = getattr(estimator, "as_sklearn", None)
-        if as_sklearn is not None:
+        # Only a scikit-learn form is a promise the client can keep: cuML's UMAP and HDBSCAN
+        # convert to umap-learn / hdbscan objects, which a client without those packages
+        # could not unpickle. Those travel as cuML's pickle (opaque to the client).
+        if as_sklearn is not None and getattr(estimator, "_cpu_class_path", "sklearn.").startswith("sklearn."):
             try:
                 return "sklearn", cloudpickle.dumps(as_sklearn())
             except Exception as exc:  # noqa: BLE001 - conversion is optional; use cuML's pickle
