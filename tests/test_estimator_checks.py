@@ -65,6 +65,20 @@ _BATCH = "UMAP.transform optimises the new points' embedding jointly: it depends
 EXPECTED_FAILURES["GPUUMAP"] = {"check_methods_sample_order_invariance": _BATCH,
                                 "check_methods_subset_invariance": _BATCH}
 if BACKEND == "cuml":
+    # Seen on the H100 run (benchmarks/results/gpu-h100/pytest-cuml-checks.txt): cuML's own behaviour
+    _F32 = _WEIGHTS + "; in float32 the solvers' results differ by more than the check's tolerance"
+    for _name in ("GPULinearRegression", "GPURidge", "GPUKernelRidge"):
+        EXPECTED_FAILURES[_name] = {"check_sample_weight_equivalence_on_dense_data": _F32}
+    _ONE = "cuML's message for a single sample does not say 'one sample'"
+    EXPECTED_FAILURES["GPUMBSGDClassifier"] = {"check_fit2d_1sample": _ONE}
+    EXPECTED_FAILURES["GPUMBSGDRegressor"] = {"check_fit2d_1sample": _ONE}
+    EXPECTED_FAILURES["GPUTSNE"] = {}  # cuML's TSNE names the sample count: that check passes there
+    _REEMBED = "cuML's UMAP.fit_transform returns the fitted embedding; transform re-embeds"
+    EXPECTED_FAILURES["GPUUMAP"].update({
+        "check_transformer_general": _REEMBED, "check_transformer_general(readonly_memmap=True)": _REEMBED,
+        "check_transformer_data_not_an_array": _REEMBED,
+        "check_transformer_preserve_dtypes": _REEMBED,
+    })
     EXPECTED_FAILURES["GPULogisticRegression"] = {
         "check_sample_weight_equivalence_on_dense_data": _WEIGHTS + "; cuML's qn solver",
         "check_class_weight_classifiers": "cuML's qn solver weighs classes less than the check's "

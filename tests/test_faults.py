@@ -316,25 +316,24 @@ def impatient_worker(tmp_path, worker):
 
 
 def test_silent_client_that_cannot_be_watched_is_freed_after_the_timeout(impatient_worker):
-    from .test_security import RawClient  # a client without hello: no pid, no pool
+    from .test_security import RawClient  # a client without hello: no pid, no pool, no keepalive
 
-    connection = sklearn_gpu_bridge.get_connection()
-    assert connection.hello["client_timeout"] is None  # this one proved its pid through its pool
     raw = RawClient(impatient_worker)
     try:
         X = np.arange(12.0).reshape(4, 3)
         desc = {"dtype": X.dtype.str, "shape": list(X.shape), "order": "C", "where": "inline", "data": X.tobytes()}
-        raw.request(raw.header("fit", estimator="StandardScaler", method="fit", params={}, arrays=[desc],
-                               payload={"args": [{"__array__": 0}], "kwargs": {}}))
-        assert connection.status()["handles"] == 1
+        reply, _ = raw.request(raw.header("fit", estimator="StandardScaler", method="fit", params={}, arrays=[desc],
+                                          payload={"args": [{"__array__": 0}], "kwargs": {}}))
+        assert reply["op"] == "reply", reply
         silent_from = time.monotonic()
-        assert wait_until(lambda: connection.status()["handles"] == 0, 10, step=0.1)
+        assert _status_of(impatient_worker)["handles"] == 1
+        assert wait_until(lambda: _status_of(impatient_worker)["handles"] == 0, 10, step=0.1)
         took = time.monotonic() - silent_from
     finally:
         raw.close()
     record("silent_client_freed", client_timeout=1.0, seconds=round(took, 3))
     assert 1.0 <= took < 3.5
-    assert connection.status()["swept"] == {"idle": 1}
+    assert _status_of(impatient_worker)["swept"] == {"idle": 1}
 
 
 def test_idle_client_that_pings_keeps_its_handles(impatient_worker):

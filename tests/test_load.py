@@ -293,7 +293,7 @@ def soak_worker(tmp_path, worker):
 
 
 def test_soak_fit_predict_release(soak_worker):
-    _soak(soak_worker, cycles=500)
+    _soak(soak_worker, cycles=300)
 
 
 @pytest.mark.slow

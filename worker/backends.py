@@ -81,6 +81,10 @@ CLASSES = {
 }
 #: fitted by the cuML worker before it reports ready (first fits of these pay seconds)
 WARM_UP = ("StandardScaler", "PCA", "LogisticRegression", "SVC", "KMeans")
+#: cuML converts these to scikit-learn but not back (IsolationForest: "conversion of a fitted
+#: sklearn IsolationForest is not supported"): their state travels as cuML's pickle, so that
+#: it can be pushed back to a cuML worker
+NO_ROUND_TRIP = frozenset({"IsolationForest"})
 
 # Methods a request may call on a fitted estimator (if the class has them).
 METHODS = frozenset({
@@ -396,11 +400,13 @@ class CumlBackend(Backend):
         return contextlib.nullcontext()
 
     def export_state(self, estimator):
+        name = type(estimator).__name__
         as_sklearn = getattr(estimator, "as_sklearn", None)
         # Only a scikit-learn form is a promise the client can keep: cuML's UMAP and HDBSCAN
         # convert to umap-learn / hdbscan objects, which a client without those packages
         # could not unpickle. Those travel as cuML's pickle (opaque to the client).
-        if as_sklearn is not None and getattr(estimator, "_cpu_class_path", "sklearn.").startswith("sklearn."):
+        cpu_class = getattr(estimator, "_cpu_class_path", "sklearn.")
+        if as_sklearn is not None and cpu_class.startswith("sklearn.") and name not in NO_ROUND_TRIP:
             try:
                 return "sklearn", cloudpickle.dumps(as_sklearn())
             except Exception as exc:  # noqa: BLE001 - conversion is optional; use cuML's pickle
