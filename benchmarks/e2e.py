@@ -234,6 +234,36 @@ def _line(row):
     return "  ".join(cells)
 
 
+def profile_cases(cases, use_cuml, top=14):
+    """Where a bridged call's time goes: cProfile of the client, and the worker's own seconds.
+
+    ``_await`` is the wait for the reply: the worker's time plus the socket.
+    """
+    import cProfile
+    import io
+    import pstats
+
+    connection = sklearn_gpu_bridge.get_connection()
+    for case in cases:
+        X, y = make_data(case)
+        wrapper = getattr(sklearn_gpu_bridge, case.bridge)
+        case.run(wrapper(**case.params), X, y)  # warm
+        profiler = cProfile.Profile()
+        start = time.perf_counter()
+        profiler.enable()
+        case.run(wrapper(**case.params), X, y)
+        profiler.disable()
+        total = time.perf_counter() - start
+        worker = connection.last_worker_seconds
+        line = f"\n== {case.name}: bridge {total * 1e3:.1f} ms, worker's last request {worker * 1e3:.1f} ms"
+        if use_cuml:
+            cuml_time = timed(lambda: case.run(cuml_class(case.cuml)(**case.params), X, y), 1)["median"]
+            line += f", cuML in process {cuml_time * 1e3:.1f} ms"
+        out = io.StringIO()
+        pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(top)
+        print(line, "\n".join(out.getvalue().splitlines()[4:]), sep="\n", flush=True)
+
+
 def run_grid_search(repeats, use_cuml, n=20_000):
     """GridSearchCV over Pipeline(scaler, SVC): 12 candidates x cv=3 on 20k x 20."""
     case = Case("grid", (n, 20), None, "", "", {}, None, classes=2)
@@ -310,7 +340,9 @@ def main():
     parser.add_argument("--backend", default="cuml", choices=["cuml", "sklearn"])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="only the small cases; no scikit-learn large runs")
-    parser.add_argument("--parts", default="cases,grid,accuracy,memory")
+    parser.add_argument("--parts", default="cases,grid,accuracy,memory",
+                        help="comma-separated: cases, grid, accuracy, memory, profile")
+    parser.add_argument("--only", default=None, help="cases whose name contains this (cases, profile)")
     parser.add_argument("--cycles", type=int, default=1000)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
@@ -334,8 +366,10 @@ def main():
     print(f"worker ready in {worker.ready_seconds:.2f} s, first call {first_call * 1e3:.1f} ms; "
           f"{status['versions']}\n", flush=True)
     try:
+        cases = [c for c in CASES if not (args.quick and c.large) and (not args.only or args.only in c.name)]
+        if "profile" in parts:
+            profile_cases(cases, use_cuml)
         if "cases" in parts:
-            cases = [c for c in CASES if not (args.quick and c.large)]
             print(f"{'case':<52}  {'sklearn':>9}  {'cuML':>9}  {'bridge':>9}  bridge/cuML  (median s)")
             report["cases"] = run_cases(cases, args.repeats, use_cuml, skip_large_sklearn=args.quick)
         if "grid" in parts:

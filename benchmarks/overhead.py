@@ -44,6 +44,7 @@ from pathlib import Path
 import numpy as np
 
 import sklearn_gpu_bridge
+from sklearn_gpu_bridge import protocol
 from sklearn_gpu_bridge.protocol import INLINE_MAX
 
 MB = 1_000_000
@@ -260,20 +261,23 @@ def measure_transport(connection_file, transports, args):
 
 
 def measure_memcpy(args):
-    """np.copyto there and back (two copies, like a round trip) between two touched buffers."""
+    """Copies there and back (like a round trip) between two touched buffers: numpy's one-thread
+    ``np.copyto`` against the bridge's ``copy_bytes`` (parallel chunks for large arrays)."""
     results = []
     for n in TRANSPORT_MB:
         a = np.ones(n * MB // 4, DTYPE)
         b = np.empty_like(a)
+        a_bytes, b_bytes = a.view(np.uint8), b.view(np.uint8)
+        repeats = args.large_repeats if n * MB > 10 * MB else args.repeats
+        row = {"size": f"{n} MB", "bytes": a.nbytes, "threads": protocol.COPY_THREADS}
+        for name, copy in (("np_copyto", np.copyto), ("copy_bytes", protocol.copy_bytes)):
+            def both_ways(copy=copy):
+                copy(b_bytes, a_bytes)
+                copy(a_bytes, b_bytes)
 
-        def both_ways():
-            np.copyto(b, a)
-            np.copyto(a, b)
-
-        times = timed(both_ways, args.large_repeats if n * MB > 10 * MB else args.repeats, args.warmup)
-        median = float(np.median(times))
-        results.append({"size": f"{n} MB", "bytes": a.nbytes, **summary(times),
-                        "mb_per_s": 2 * a.nbytes / median / MB})
+            times = timed(both_ways, repeats, args.warmup)
+            row[name] = {**summary(times), "mb_per_s": 2 * a.nbytes / float(np.median(times)) / MB}
+        results.append(row)
     return results
 
 
@@ -359,7 +363,8 @@ def print_report(report):
             continue
         print(f"  {e['size']:8s} {e['path']:7s}  {ms(e['median'])}  {e['mb_per_s']:9.0f}   {e['observed']}")
     for e in report["memcpy"]:
-        print(f"  {e['size']:8s} memcpy   {ms(e['median'])}  {e['mb_per_s']:9.0f}")
+        for name in ("np_copyto", "copy_bytes"):
+            print(f"  {e['size']:8s} {name:10s} {ms(e[name]['median'])}  {e[name]['mb_per_s']:9.0f}")
     print("\ntargets")
     for name, t in report["targets"].items():
         value = "n/a" if t["value"] is None else f"{t['value']:.3f}"

@@ -256,6 +256,7 @@ class Connection:
         reply, reply_buffers = self._await(link, header["id"], timeout, header["op"])
         if reply["op"] == "error":
             raise rebuild_error(reply)
+        self._local.worker_seconds = reply.get("worker_seconds")
         for module, category, message in reply.get("warnings", ()):
             warnings.warn(message, _warning_class(module, category), stacklevel=4)
         return reply, reply_buffers
@@ -421,7 +422,12 @@ class Connection:
 
     def status(self):
         reply, _ = self._roundtrip({"op": "status"}, timeout=HELLO_TIMEOUT)
-        return {k: v for k, v in reply.items() if k not in ("op", "id", "parent")}
+        return {k: v for k, v in reply.items() if k not in ("op", "id", "parent", "worker_seconds")}
+
+    @property
+    def last_worker_seconds(self):
+        """How long the worker itself spent on this thread's last request (profiles)."""
+        return getattr(self._local, "worker_seconds", None)
 
     def schedule_release(self, handle):
         """Called from finalizers: no I/O here, the next request carries it."""

@@ -37,7 +37,9 @@ import math
 import os
 import pickle
 import pickletools
+import threading
 from collections import Counter, deque
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -189,6 +191,35 @@ def _check_shape(shape):
     return tuple(shape)
 
 
+#: large copies into (and out of) the pool run in this many threads: one core's
+#: memcpy does not reach a server's memory bandwidth (benchmarks/overhead.py)
+COPY_THREADS = min(8, os.cpu_count() or 1)
+PARALLEL_COPY_MIN = 16 << 20
+_copy_executor = None  # (pid, executor): a forked child makes its own
+_copy_executor_lock = threading.Lock()
+
+
+def copy_bytes(target, source):
+    """``target[:] = source`` for two uint8 arrays, in parallel chunks when large.
+
+    numpy releases the GIL while it copies, so threads copy at once.
+    """
+    nbytes = source.nbytes
+    threads = min(COPY_THREADS, nbytes // (PARALLEL_COPY_MIN // 4) or 1)
+    if nbytes < PARALLEL_COPY_MIN or threads < 2:
+        np.copyto(target, source)
+        return
+    global _copy_executor
+    with _copy_executor_lock:
+        if _copy_executor is None or _copy_executor[0] != os.getpid() or _copy_executor[1]._max_workers < threads:
+            _copy_executor = (os.getpid(), ThreadPoolExecutor(threads, thread_name_prefix="sgb-copy"))
+        executor = _copy_executor[1]
+    step = -(-nbytes // threads)
+    chunks = [(target[at : at + step], source[at : at + step]) for at in range(0, nbytes, step)]
+    for future in [executor.submit(np.copyto, *chunk) for chunk in chunks]:
+        future.result()
+
+
 class Encoder:
     """Turns the arrays inside a value into descriptors and frames for one message.
 
@@ -242,7 +273,7 @@ class Encoder:
             desc.update(where="inline", data=raw.tobytes())
         elif self.place is not None and (spot := self.place(nbytes)) is not None:
             segment, offset, target = spot
-            np.copyto(np.frombuffer(target, np.uint8, count=nbytes), raw)
+            copy_bytes(np.frombuffer(target, np.uint8, count=nbytes), raw)
             desc.update(where="pool", segment=segment, offset=offset)
         else:
             self.buffers.append(raw)

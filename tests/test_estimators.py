@@ -234,3 +234,26 @@ def test_large_arrays_use_the_pool():
     assert connection.stats["sent_pool"] == before["sent_pool"] + 1
     assert connection.stats["received_pool"] == before["received_pool"] + 1
     assert_same(out, StandardScaler().fit_transform(X).astype(out.dtype))
+
+
+@pytest.mark.parametrize("y", [
+    np.array([3, 1, 3, 7]), np.array([-128, 127, 0], np.int8), np.array([True, False, True]),
+    np.array([2, 10**6, 5]), np.array([5]), np.arange(3000) * 7, np.array([0, 2**63 - 1]),
+    np.array([2, 1], np.uint64), np.array(["b", "a", "b"]), np.array([0.0, 2.0, 1.0]),
+], ids=lambda y: f"{y.dtype}-{y.size}")
+def test_label_codes_are_numpy_unique_after_the_target_check(y):
+    """The counting path for narrow integer labels gives exactly np.unique's classes and codes."""
+    from sklearn_gpu_bridge.estimators.base import _classes_and_codes
+
+    classes, codes = _classes_and_codes(y)
+    expected_classes, expected_codes = np.unique(y, return_inverse=True)
+    assert classes.dtype == expected_classes.dtype
+    np.testing.assert_array_equal(classes, expected_classes)
+    np.testing.assert_array_equal(codes, expected_codes)
+
+
+def test_continuous_targets_are_refused_with_scikit_learns_message():
+    from sklearn_gpu_bridge.estimators.base import _classes_and_codes
+
+    with pytest.raises(ValueError, match="Unknown label type: continuous"):
+        _classes_and_codes(np.array([0.5, 1.0, 2.0]))

@@ -380,10 +380,13 @@ class Worker:
         """Run one operation; always returns reply frames, never raises."""
         try:
             self._release(header)
+            started = time.perf_counter()
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 payload, reply_buffers = getattr(self, "_op_" + header["op"])(header, buffers)
-            reply = {"op": "reply", "id": new_id(), "parent": header.get("id"), **payload}
+            # the worker's own share of the round trip: profiles tell it from transport and validation
+            reply = {"op": "reply", "id": new_id(), "parent": header.get("id"), **payload,
+                     "worker_seconds": time.perf_counter() - started}
             if caught:
                 reply["warnings"] = [
                     (w.category.__module__, w.category.__name__, str(w.message)) for w in caught

@@ -97,9 +97,8 @@ class RemoteEstimator(BaseEstimator):
             return validate_data(self, X, reset=reset, **self._validation), None
         if self._target == "labels":
             X, y = validate_data(self, X, y, reset=reset, **self._validation)
-            check_classification_targets(y)
             if reset:
-                self.classes_, y = np.unique(y, return_inverse=True)
+                self.classes_, y = _classes_and_codes(y)
             else:
                 y = self._encode_labels(y)
             return X, y
@@ -129,7 +128,7 @@ class RemoteEstimator(BaseEstimator):
         params, blob = self._remote_params()
         value = connection.fit(
             self._remote_name, params, method, args, fit_kwargs,
-            params_blob=blob, out_nbytes=_out_room(X, self),
+            params_blob=blob, out_nbytes=0 if method in ("fit", "partial_fit") else _out_room(X, self),
         )
         for key in _STATE_KEYS:
             self.__dict__.pop(key, None)
@@ -367,6 +366,25 @@ def _out_room(X, estimator):
         return 0
     width = max(X.shape[1] if X.ndim > 1 else 1, len(getattr(estimator, "classes_", ())) ** 2, 2)
     return X.shape[0] * width * 8
+
+
+def _classes_and_codes(y):
+    """``np.unique(y, return_inverse=True)`` after scikit-learn's target check.
+
+    Integer labels in a narrow range (the usual case: 0/1, 0..k) take a
+    counting path that is O(n), not a sort: on 1M samples it saves tens of
+    milliseconds per fit. Integer 1-D targets always pass the check, so it is
+    skipped for them.
+    """
+    if y.size and (y.dtype.kind in "ib" or (y.dtype.kind == "u" and y.dtype.itemsize < 8)):
+        low, high = int(y.min()), int(y.max())
+        if high - low <= max(1024, y.size):
+            offsets = y.astype(np.intp) - low
+            present = np.bincount(offsets, minlength=high - low + 1) > 0
+            classes = (np.flatnonzero(present) + low).astype(y.dtype)
+            return classes, (np.cumsum(present) - 1)[offsets]
+    check_classification_targets(y)
+    return np.unique(y, return_inverse=True)
 
 
 def decode_labels(estimator, codes):
