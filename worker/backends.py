@@ -81,10 +81,22 @@ CLASSES = {
 }
 #: fitted by the cuML worker before it reports ready (first fits of these pay seconds)
 WARM_UP = ("StandardScaler", "PCA", "LogisticRegression", "SVC", "KMeans")
-#: cuML converts these to scikit-learn but not back (IsolationForest: "conversion of a fitted
-#: sklearn IsolationForest is not supported"): their state travels as cuML's pickle, so that
-#: it can be pushed back to a cuML worker
-NO_ROUND_TRIP = frozenset({"IsolationForest"})
+
+
+def _converts_back(estimator):
+    """Whether cuML's ``from_sklearn`` takes back what its ``as_sklearn`` gives.
+
+    Where it does not, the state travels as cuML's pickle, so that it can be
+    pushed back to a cuML worker: IsolationForest ("conversion of a fitted
+    sklearn IsolationForest is not supported") and a TargetEncoder that
+    encodes feature combinations (one encoding, where scikit-learn's form has
+    one per feature: from_sklearn fails on it).
+    """
+    name = type(estimator).__name__
+    if name == "IsolationForest":
+        return False
+    return not (name == "TargetEncoder" and getattr(estimator, "multi_feature_mode", None) == "combination")
+
 
 # Methods a request may call on a fitted estimator (if the class has them).
 METHODS = frozenset({
@@ -400,13 +412,12 @@ class CumlBackend(Backend):
         return contextlib.nullcontext()
 
     def export_state(self, estimator):
-        name = type(estimator).__name__
         as_sklearn = getattr(estimator, "as_sklearn", None)
         # Only a scikit-learn form is a promise the client can keep: cuML's UMAP and HDBSCAN
         # convert to umap-learn / hdbscan objects, which a client without those packages
         # could not unpickle. Those travel as cuML's pickle (opaque to the client).
         cpu_class = getattr(estimator, "_cpu_class_path", "sklearn.")
-        if as_sklearn is not None and cpu_class.startswith("sklearn.") and name not in NO_ROUND_TRIP:
+        if as_sklearn is not None and cpu_class.startswith("sklearn.") and _converts_back(estimator):
             try:
                 return "sklearn", cloudpickle.dumps(as_sklearn())
             except Exception as exc:  # noqa: BLE001 - conversion is optional; use cuML's pickle

@@ -32,6 +32,7 @@ import weakref
 import cloudpickle
 import numpy as np
 from sklearn.base import BaseEstimator
+from sklearn.utils import assert_all_finite
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import (
     FLOAT_DTYPES,
@@ -356,7 +357,11 @@ def _for_backend(X, connection):
             raise TypeError(f"values of type {exc} cannot be sent to the worker") from None
     float_dtype = connection.hello.get("float_dtype")
     if float_dtype and dtype == np.float64:
-        return X.astype(float_dtype)
+        with np.errstate(over="ignore"):
+            narrow = X.astype(float_dtype)
+        # finite in float64 (validated) but too large for float32: scikit-learn's own error, here
+        assert_all_finite(narrow, allow_nan=True, input_name="X")
+        return narrow
     return X
 
 

@@ -1,5 +1,7 @@
 """cuml.ensemble: random forests and isolation forest, declared (see spec.py)."""
 
+import numpy as np
+
 from .spec import remote_estimator
 
 _FOREST = (
@@ -23,11 +25,21 @@ GPURandomForestRegressor = remote_estimator(
     doc="random forest regressor (histogram splits, ``n_bins`` per feature).",
 )
 
+class _Float64Scores:
+    """Outlier scores in float64, as scikit-learn's outlier detectors give them (cuML: float32)."""
+
+    def decision_function(self, X):
+        return self._call_remote("decision_function", X).astype(np.float64)
+
+    def score_samples(self, X):
+        return self._call_remote("score_samples", X).astype(np.float64)
+
+
 GPUIsolationForest = remote_estimator(
     "IsolationForest", "outlier-detector",
     "*, n_estimators=100, max_samples='auto', max_depth=None, max_features=1.0, bootstrap=False, "
     "random_state=None, contamination='auto'",
-    methods="predict decision_function score_samples fit_predict",
+    methods="predict decision_function score_samples fit_predict", bases=(_Float64Scores,),
     doc="isolation forest outlier detection (``predict``: 1 inlier, -1 outlier).",
 )
 
