@@ -234,11 +234,9 @@ def _line(row):
     return "  ".join(cells)
 
 
-def profile_cases(cases, use_cuml, top=14):
-    """Where a bridged call's time goes: cProfile of the client, and the worker's own seconds.
-
-    ``_await`` is the wait for the reply: the worker's time plus the socket.
-    """
+def profile_cases(cases, use_cuml, repeats=10, top=14):
+    """Where a bridged call's time goes: medians of the whole call and of the worker's share
+    (its last request), then a cProfile of one call (``_await``/``poll`` is the wait for the reply)."""
     import cProfile
     import io
     import pstats
@@ -248,17 +246,21 @@ def profile_cases(cases, use_cuml, top=14):
         X, y = make_data(case)
         wrapper = getattr(sklearn_gpu_bridge, case.bridge)
         case.run(wrapper(**case.params), X, y)  # warm
+        totals, workers = [], []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            case.run(wrapper(**case.params), X, y)
+            totals.append(time.perf_counter() - start)
+            workers.append(connection.last_worker_seconds)
+        line = (f"\n== {case.name}: bridge {np.median(totals) * 1e3:.2f} ms, the worker's share of its last "
+                f"request {np.median(workers) * 1e3:.2f} ms (medians of {repeats})")
+        if use_cuml:
+            cuml_time = timed(lambda: case.run(cuml_class(case.cuml)(**case.params), X, y), repeats)["median"]
+            line += f", cuML in process {cuml_time * 1e3:.2f} ms"
         profiler = cProfile.Profile()
-        start = time.perf_counter()
         profiler.enable()
         case.run(wrapper(**case.params), X, y)
         profiler.disable()
-        total = time.perf_counter() - start
-        worker = connection.last_worker_seconds
-        line = f"\n== {case.name}: bridge {total * 1e3:.1f} ms, worker's last request {worker * 1e3:.1f} ms"
-        if use_cuml:
-            cuml_time = timed(lambda: case.run(cuml_class(case.cuml)(**case.params), X, y), 1)["median"]
-            line += f", cuML in process {cuml_time * 1e3:.1f} ms"
         out = io.StringIO()
         pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(top)
         print(line, "\n".join(out.getvalue().splitlines()[4:]), sep="\n", flush=True)

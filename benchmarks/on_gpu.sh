@@ -38,6 +38,7 @@ for stage in "$@"; do
     profile)  # where the bridged time goes in the cases that missed their targets; copy threads
       log="$OUT/profile-h100.txt"
       step 150 "$log" python3 benchmarks/e2e.py --parts profile --only "1M" --out /tmp/profile.json
+      step 90 "$log" python3 benchmarks/e2e.py --parts profile --only "5000x20" --out /tmp/profile.json
       step 60 "$log" python3 benchmarks/e2e.py --parts profile --only "NearestNeighbors" --out /tmp/profile.json
       step 120 "$log" python3 benchmarks/overhead.py --backend cuml --repeats 100 --large-repeats 7 --out "$OUT/../overhead-cuml-h100.json" ;;
     e2e)

@@ -283,3 +283,19 @@ def test_array_larger_than_a_pool_segment_goes_through_a_wrapper(connection):
         assert connection.stats["received_pool"] > before.get("received_pool", 0)
     assert max(len(segment.view) for segment in connection.pool._segments) >= X.nbytes
     del bridged
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf], ids=["nan", "inf", "minus-inf"])
+def test_large_arrays_checked_in_parallel_give_scikit_learns_error_before_sending(connection, value):
+    """Arrays of 16 MB and more are checked for NaN/inf in chunks on all cores: same error, nothing sent."""
+    from sklearn.decomposition import PCA
+
+    X = np.random.default_rng(3).standard_normal((600_000, 4))
+    X[599_999, 3] = value
+    with pytest.raises(ValueError) as expected:
+        PCA(n_components=2).fit(X)
+    before = connection.status()["requests"]
+    with pytest.raises(ValueError) as got:
+        GPUPCA(n_components=2).fit(X)
+    assert _message(got.value, "GPUPCA", "PCA") == str(expected.value)
+    assert "fit" not in _sent(connection, before)
