@@ -5,7 +5,7 @@
 # installed: a checkout's own sklearn_gpu_bridge/ would shadow the install.
 #
 #   bash benchmarks/on_gpu.sh reliability conformance profile    # logs under $OUT
-#   bash benchmarks/on_gpu.sh e2e                                # the three-way table
+#   bash benchmarks/on_gpu.sh e2e grid                           # the three-way table, the workflow
 #
 # Each step has its own time limit, so that one hang cannot eat the others.
 set -u
@@ -34,15 +34,17 @@ for stage in "$@"; do
       log="$OUT/pytest-cuml-conformance.txt"
       step 150 "$log" "${PYTEST[@]}" -q --tb=short tests/test_coverage.py tests/test_state.py
       step 60 "$log" env SKLEARN_GPU_BRIDGE_MEASURE=1 "${PYTEST[@]}" -q -s tests/test_state.py -k measure
-      step 200 "$log" "${PYTEST[@]}" -q --tb=short -rf tests/test_estimator_checks.py ;;
+      step 200 "$OUT/pytest-cuml-checks.txt" "${PYTEST[@]}" -v --tb=short tests/test_estimator_checks.py ;;
     profile)  # where the bridged time goes in the cases that missed their targets; copy threads
       log="$OUT/profile-h100.txt"
       step 150 "$log" python3 benchmarks/e2e.py --parts profile --only "1M" --out /tmp/profile.json
       step 90 "$log" python3 benchmarks/e2e.py --parts profile --only "5000x20" --out /tmp/profile.json
       step 60 "$log" python3 benchmarks/e2e.py --parts profile --only "NearestNeighbors" --out /tmp/profile.json
       step 120 "$log" python3 benchmarks/overhead.py --backend cuml --repeats 100 --large-repeats 7 --out "$OUT/../overhead-cuml-h100.json" ;;
-    e2e)
-      step 590 "$OUT/e2e-h100.txt" python3 benchmarks/e2e.py --out "$OUT/../e2e-h100.json" ;;
+    e2e)  # the three ways per case, accuracies, memory over 1,000 cycles
+      step 590 "$OUT/e2e-h100.txt" python3 benchmarks/e2e.py --parts cases,accuracy,memory --out "$OUT/e2e-h100.json" ;;
+    grid)  # the GridSearchCV workflow, and the array cache's effect on it
+      step 590 "$OUT/e2e-h100-grid.txt" python3 benchmarks/e2e.py --parts grid --out "$OUT/e2e-h100-grid.json" ;;
     *) echo "unknown stage $stage" >&2; exit 2 ;;
   esac
 done
