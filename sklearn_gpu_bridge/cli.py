@@ -42,9 +42,12 @@ def main():
 @click.option("--client-timeout", default=600.0, type=click.FloatRange(0),
               help="Seconds of silence after which a client whose process cannot be watched (another "
                    "host) is freed; it pings while idle to stay. 0: never.")
+@click.option("--array-cache-mb", default=1024.0, type=click.FloatRange(0),
+              help="MiB of arrays kept for clients (all together), so that an array a client sends again "
+                   "(GridSearchCV's folds) does not travel again. 0: keep none.")
 @click.option("--log-level", default="INFO", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]))
 def worker(bind, port, backend, connection_file, threads, parent_pid, pool_dirs, curve_secret_key, key_file,
-           client_timeout, log_level):
+           client_timeout, array_cache_mb, log_level):
     """Run a worker in this process until SIGINT, SIGTERM or a shutdown request."""
     from .worker.server import ConfigurationError
 
@@ -64,7 +67,8 @@ def worker(bind, port, backend, connection_file, threads, parent_pid, pool_dirs,
             logging.getLogger("sklearn_gpu_bridge.worker").warning("falling back to scikit-learn: %s", reason)
         server = Worker(chosen, host=bind, port=port, connection_file=connection_file, threads=threads,
                         parent_pid=parent_pid, fallback_reason=reason, pool_dirs=pool_dirs, key=key,
-                        curve_secret_key=curve_secret_key, client_timeout=client_timeout)
+                        curve_secret_key=curve_secret_key, client_timeout=client_timeout,
+                        array_cache_bytes=int(array_cache_mb * (1 << 20)))
     except ConfigurationError as exc:
         raise click.ClickException(str(exc)) from None
     server.start().serve_forever()

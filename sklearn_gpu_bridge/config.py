@@ -30,6 +30,11 @@ DEFAULTS = {
     # how bulk arrays travel: auto (what `doctor`/`start` measured fastest for the running
     # worker, else the pool where the worker can map it) | pool | frames (no pool); see transport.py
     "transport": "auto",
+    # arrays the worker already holds are not sent again (a content fingerprint names them):
+    # auto (on when arrays travel as frames; with the pool, a memcpy is cheaper than hashing) | on | off
+    "array_cache": "auto",
+    # ... for arrays of at least this many bytes
+    "cache_min_bytes": 1 << 20,
     # elapsed time on stderr during long waits: auto (only when stderr is a terminal) | on | off
     "progress": "auto",
     # `start --wsl` / `doctor` on Windows: the WSL distribution (None: WSL's default one)
@@ -60,6 +65,8 @@ def _from_env(name, default):
         return _BOOL_WORDS[raw.lower()]
     if isinstance(default, float):
         return float(raw)
+    if isinstance(default, int):
+        return int(raw)
     return raw
 
 

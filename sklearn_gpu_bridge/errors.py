@@ -26,6 +26,13 @@ class VersionMismatch(ProtocolError):
     """Client and worker speak different protocol versions."""
 
 
+class CacheMiss(BridgeError):
+    """The worker no longer holds an array the client sent as "cached" (evicted, or another worker).
+
+    The client answers it by sending the request again with the full data.
+    """
+
+
 class RemoteError(BridgeError):
     """An error on the worker whose type cannot be rebuilt on the client."""
 

@@ -214,17 +214,20 @@ class Mutator:
         if not arrays:
             return self._value(header, buffers)
         desc = self.rng.choice(arrays)
-        field = self.rng.choice(["dtype", "shape", "order", "where", "data", "index", "segment", "offset", "extra"])
+        field = self.rng.choice(["dtype", "shape", "order", "where", "data", "index", "segment", "offset", "extra",
+                                 "key", "cache"])
         choices = {
             "dtype": ["<f8", "|O", "<U4", ">f8", "|V8", "<M8[ns]", "float64", "<c16", "|b1", 8, None],
             "shape": [[], [0], [-1], [2**62, 2**62], [10**9], [1] * 40, [3, 3], [2.0], "22", None],
             "order": ["C", "F", "K", "A", None, 1],
-            "where": ["inline", "frame", "pool", "disk", "file", None],
+            "where": ["inline", "frame", "pool", "cached", "disk", "file", None],
             "data": [b"", b"\x00" * 7, b"\x00" * 10_000, "text", None],
             "index": [0, 1, -1, 10**6, "0", None],
             "segment": [0, 1, -1, 999, 2**40, "0", None],
             "offset": [0, 1, 63, -8, 2**40, 2**63, 1 << 20, None],
             "extra": [None],
+            "key": ["0" * 32, "f" * 32, "F" * 32, "0" * 31, "g" * 32, 0, None],  # "cached": kept by this client?
+            "cache": ["0" * 32, "f" * 32, "0" * 33, b"0" * 32, [], None],  # asks the worker to keep the array
         }
         desc[field] = copy.deepcopy(self.rng.choice(choices[field]))
         return self._signed(header, buffers)

@@ -45,6 +45,7 @@ from sklearn_gpu_bridge.protocol import PROTOCOL_VERSION, Decoder, Encoder, Sess
 from sklearn_gpu_bridge.shm import PoolAttachment, PoolError, default_directory, pid_alive
 
 from .backends import FIT_METHODS, METHODS
+from .cache import ArrayCache
 from .registry import Registry
 
 log = logging.getLogger("sklearn_gpu_bridge.worker")
@@ -56,6 +57,7 @@ FITTED_ATTRIBUTE = re.compile(r"^[a-z][a-z0-9_]*_$")
 ALIGN = 64
 SWEEP_SECONDS = 1.0
 CLIENT_TIMEOUT = 600.0  # seconds without a message before a client that cannot be watched is freed
+ARRAY_CACHE_BYTES = 1024 << 20  # arrays kept for clients (all together), so that a repeated array travels once
 MIN_KEY_BYTES = 16
 
 
@@ -204,7 +206,8 @@ class Worker:
 
     def __init__(self, backend, *, host="127.0.0.1", port=0, connection_file=None,
                  threads=1, parent_pid=None, fallback_reason=None, pool_dirs=None,
-                 key=None, curve_secret_key=None, client_timeout=CLIENT_TIMEOUT):
+                 key=None, curve_secret_key=None, client_timeout=CLIENT_TIMEOUT,
+                 array_cache_bytes=ARRAY_CACHE_BYTES):
         self.key, self.curve = self.check_settings(host=host, key=key, curve_secret_key=curve_secret_key)
         self.client_timeout = float(client_timeout or 0)
         self.backend = backend
@@ -218,6 +221,7 @@ class Worker:
         self.worker_id = new_id()
         self.session = Session(bytes.fromhex(self.key))
         self.registry = Registry()
+        self.array_cache = ArrayCache(array_cache_bytes) if array_cache_bytes > 0 else None
         self.pools = {}  # pool name -> PoolAttachment
         self.clients = {}  # client id -> ClientState
         self._clients_lock = threading.Lock()
@@ -378,6 +382,7 @@ class Worker:
 
     def _handle(self, header, buffers):
         """Run one operation; always returns reply frames, never raises."""
+        self._local.kept = []  # keys of the arrays this request asked the worker to keep, and it kept
         try:
             self._release(header)
             started = time.perf_counter()
@@ -387,6 +392,8 @@ class Worker:
             # the worker's own share of the round trip: profiles tell it from transport and validation
             reply = {"op": "reply", "id": new_id(), "parent": header.get("id"), **payload,
                      "worker_seconds": time.perf_counter() - started}
+            if self._local.kept:
+                reply["cache_kept"] = self._local.kept
             if caught:
                 reply["warnings"] = [
                     (w.category.__module__, w.category.__name__, str(w.message)) for w in caught
@@ -471,7 +478,8 @@ class Worker:
             if state.started is not None:  # watched: freed when its process is gone, however long it is silent
                 if process_start(state.pid) != state.started:
                     self._free(client, state, "gone", f"its process {state.pid} is gone")
-            elif not owners.get(client) and state.pool is None:
+            elif not owners.get(client) and state.pool is None and not (
+                    self.array_cache is not None and self.array_cache.holds(client)):
                 with self._clients_lock:  # holds nothing: forget it
                     if state.inflight == 0:
                         self.clients.pop(client, None)
@@ -480,16 +488,17 @@ class Worker:
 
     def _free(self, client, state, reason, why):
         released = self.registry.release_client(client)
+        cached = self.array_cache.drop_client(client) if self.array_cache is not None else 0
         name, state.pool = state.pool, None
         removed = self._detach(name, remove_files=reason == "gone") if name else 0
         with self._clients_lock:
             if state.inflight == 0:
                 self.clients.pop(client, None)
         first, state.freed = not state.freed, True
-        if reason != "goodbye" and (first or released or removed):
+        if reason != "goodbye" and (first or released or removed or cached):
             self.swept[reason] += first
-            log.info("client %s: %s; released %d handle(s), removed %d pool file(s)",
-                     client, why, released, removed)
+            log.info("client %s: %s; released %d handle(s) and %d cached array(s), removed %d pool file(s)",
+                     client, why, released, cached, removed)
         return released
 
     def _detach(self, name, remove_files=False):
@@ -546,6 +555,8 @@ class Worker:
             "backend": self.backend.name, "fallback_reason": self.fallback_reason,
             "float_dtype": self.backend.float_dtype, "pool": pool_ok,
             "versions": self.versions,
+            # bytes of arrays this worker keeps for its clients (0: it keeps none; the client then never asks)
+            "array_cache": self.array_cache.max_bytes if self.array_cache is not None else 0,
             # seconds of silence after which this client's handles are freed (None: its pid is watched)
             "client_timeout": None if watched or not self.client_timeout else self.client_timeout,
         }, []
@@ -588,8 +599,14 @@ class Worker:
             "uptime": time.time() - self.started, "handles": len(self.registry),
             "pools": len(self.pools), "clients": len(self.clients), "requests": dict(self.counts),
             "refused": dict(self.session.refused), "swept": dict(self.swept), "rss": rss_bytes(),
-            "versions": self.versions,
+            "versions": self.versions, "array_cache": self._cache_status(),
         }, []
+
+    def _cache_status(self):
+        cache = self.array_cache
+        if cache is None:
+            return {"entries": 0, "bytes": 0, "max_bytes": 0}
+        return {"entries": len(cache), "bytes": cache.nbytes, "max_bytes": cache.max_bytes}
 
     def _op_release(self, header, buffers):
         return {}, []  # the handles were released by _handle
@@ -628,7 +645,10 @@ class Worker:
                 read_pool = attachment.buffer
             else:  # a fitted CPU estimator may keep a view of its input: never of a slot the client reuses
                 read_pool = lambda s, o, n: bytearray(attachment.buffer(s, o, n))  # noqa: E731
-        return Decoder(header, buffers, read_pool=read_pool)
+        cache = None
+        if self.array_cache is not None:
+            cache = self.array_cache.for_client(header["client"], self._local.kept)
+        return Decoder(header, buffers, read_pool=read_pool, cache=cache)
 
     def _encoder(self, header):
         """Results go into the output room the client leased, else as frames."""
