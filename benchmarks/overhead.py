@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 
 import sklearn_gpu_bridge
-from sklearn_gpu_bridge import protocol
+from sklearn_gpu_bridge import parallel
 from sklearn_gpu_bridge.protocol import INLINE_MAX
 
 MB = 1_000_000
@@ -269,8 +269,8 @@ def measure_memcpy(args):
         b = np.empty_like(a)
         a_bytes, b_bytes = a.view(np.uint8), b.view(np.uint8)
         repeats = args.large_repeats if n * MB > 10 * MB else args.repeats
-        row = {"size": f"{n} MB", "bytes": a.nbytes, "threads": protocol.COPY_THREADS}
-        for name, copy in (("np_copyto", np.copyto), ("copy_bytes", protocol.copy_bytes)):
+        row = {"size": f"{n} MB", "bytes": a.nbytes, "threads": parallel.THREADS}
+        for name, copy in (("np_copyto", np.copyto), ("copy_bytes", parallel.copy_bytes)):
             def both_ways(copy=copy):
                 copy(b_bytes, a_bytes)
                 copy(a_bytes, b_bytes)

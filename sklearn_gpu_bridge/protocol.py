@@ -44,13 +44,12 @@ import math
 import os
 import pickle
 import pickletools
-import threading
 from collections import Counter, deque
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from .errors import CacheMiss, ProtocolError
+from .parallel import copy_bytes
 
 PROTOCOL_VERSION = 1
 INLINE_MAX = 64 * 1024  # arrays up to this many bytes travel inside the header
@@ -215,35 +214,6 @@ def fingerprint(dtype, shape, order, raw):
     digest = hashlib.blake2b(f"{dtype}|{tuple(shape)}|{order}".encode(), digest_size=16)
     digest.update(memoryview(raw))
     return digest.hexdigest()
-
-
-#: large copies into (and out of) the pool run in this many threads: one core's
-#: memcpy does not reach a server's memory bandwidth (benchmarks/overhead.py)
-COPY_THREADS = min(8, os.cpu_count() or 1)
-PARALLEL_COPY_MIN = 16 << 20
-_copy_executor = None  # (pid, executor): a forked child makes its own
-_copy_executor_lock = threading.Lock()
-
-
-def copy_bytes(target, source):
-    """``target[:] = source`` for two uint8 arrays, in parallel chunks when large.
-
-    numpy releases the GIL while it copies, so threads copy at once.
-    """
-    nbytes = source.nbytes
-    threads = min(COPY_THREADS, nbytes // (PARALLEL_COPY_MIN // 4) or 1)
-    if nbytes < PARALLEL_COPY_MIN or threads < 2:
-        np.copyto(target, source)
-        return
-    global _copy_executor
-    with _copy_executor_lock:
-        if _copy_executor is None or _copy_executor[0] != os.getpid() or _copy_executor[1]._max_workers < threads:
-            _copy_executor = (os.getpid(), ThreadPoolExecutor(threads, thread_name_prefix="sgb-copy"))
-        executor = _copy_executor[1]
-    step = -(-nbytes // threads)
-    chunks = [(target[at : at + step], source[at : at + step]) for at in range(0, nbytes, step)]
-    for future in [executor.submit(np.copyto, *chunk) for chunk in chunks]:
-        future.result()
 
 
 class Encoder:

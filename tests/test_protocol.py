@@ -587,12 +587,3 @@ def test_worker_answers_a_well_formed_raw_echo(connection, raw):
     result = Decoder(reply, buffers).decode(reply["payload"])["result"][0]
     np.testing.assert_array_equal(result, data.reshape((2, 3), order="F"))
 
-
-@pytest.mark.parametrize("nbytes", [0, 1, (16 << 20) - 1, (40 << 20) + 7])
-def test_copy_bytes_copies_every_byte_in_parallel_chunks_or_not(nbytes):
-    from sklearn_gpu_bridge.protocol import copy_bytes
-
-    source = np.random.default_rng(nbytes).integers(0, 256, nbytes, dtype=np.uint8)
-    target = np.zeros_like(source)
-    copy_bytes(target, source)
-    np.testing.assert_array_equal(target, source)

@@ -14,10 +14,10 @@ import pytest
 from sklearn.datasets import make_classification
 
 import sklearn_gpu_bridge
-from sklearn_gpu_bridge import GPUKMeans, GPUSVC, GPUStandardScaler, VersionMismatch, WorkerLost, WorkerUnavailable
+from sklearn_gpu_bridge import GPUSVC, GPUStandardScaler, VersionMismatch, WorkerLost, WorkerUnavailable
 from sklearn_gpu_bridge.shm import pid_alive
 
-from .conftest import BACKEND, WorkerProcess, use_worker
+from .conftest import BACKEND, WorkerProcess
 
 
 def _long_fit_data():
