@@ -267,29 +267,47 @@ def profile_cases(cases, use_cuml, repeats=10, top=14):
 
 
 def run_grid_search(repeats, use_cuml, n=20_000):
-    """GridSearchCV over Pipeline(scaler, SVC): 12 candidates x cv=3 on 20k x 20."""
+    """GridSearchCV over Pipeline(scaler, SVC): 12 candidates x cv=3 on 20k x 20.
+
+    The bridge runs three times: as configured (the pool, where the array cache
+    is off: a memcpy beats hashing), and as a remote worker would be reached,
+    as ZeroMQ frames, without and with the array cache (each fold's arrays
+    then travel once, not once per candidate).
+    """
     case = Case("grid", (n, 20), None, "", "", {}, None, classes=2)
     X, y = make_data(case)
     grid = {"svm__C": [0.1, 1, 10, 100], "svm__gamma": ["scale", 0.01, 0.1]}
-    ways = {
-        "sklearn (n_jobs=-1)": lambda: GridSearchCV(
-            Pipeline([("sc", preprocessing.StandardScaler()), ("svm", svm.SVC())]), grid, cv=3, n_jobs=-1),
-        "bridge": lambda: GridSearchCV(
+
+    def bridged():
+        return GridSearchCV(
             Pipeline([("sc", sklearn_gpu_bridge.GPUStandardScaler()), ("svm", sklearn_gpu_bridge.GPUSVC())]),
-            grid, cv=3),
+            grid, cv=3)
+
+    ways = {
+        "sklearn (n_jobs=-1)": ({}, lambda: GridSearchCV(
+            Pipeline([("sc", preprocessing.StandardScaler()), ("svm", svm.SVC())]), grid, cv=3, n_jobs=-1)),
+        "bridge": ({}, bridged),
+        "bridge, frames, no cache": ({"transport": "frames", "array_cache": "off"}, bridged),
+        "bridge, frames, array cache": ({"transport": "frames", "array_cache": "on", "cache_min_bytes": 1 << 18},
+                                        bridged),
     }
     if use_cuml:
-        ways["cuml"] = lambda: GridSearchCV(
+        ways["cuml"] = ({}, lambda: GridSearchCV(
             Pipeline([("sc", cuml_class("cuml.preprocessing.StandardScaler")()),
-                      ("svm", cuml_class("cuml.svm.SVC")())]), grid, cv=3)
+                      ("svm", cuml_class("cuml.svm.SVC")())]), grid, cv=3))
     result = {"candidates": 12, "cv": 3, "shape": [n, 20]}
-    for way, make in ways.items():
-        result[way] = timed(lambda m=make: m().fit(X, y), repeats)
-        print(f"  GridSearchCV {way:<22} {result[way]['median']:8.3f} s", flush=True)
-    if "bridge" in result:
-        result["speedup_vs_sklearn"] = result["sklearn (n_jobs=-1)"]["median"] / result["bridge"]["median"]
-    connection = sklearn_gpu_bridge.get_connection()
-    result["transport"] = dict(connection.stats)
+    for way, (settings, make) in ways.items():
+        with sklearn_gpu_bridge.config_context(**settings):
+            sklearn_gpu_bridge.reset_connection()  # a connection with this transport
+            connection = sklearn_gpu_bridge.get_connection()
+            result[way] = timed(lambda m=make: m().fit(X, y), repeats)
+            result[way]["best_params"] = make().fit(X, y).best_params_ if way.startswith("bridge") else None
+            if way.startswith("bridge"):
+                result[way]["transport"] = dict(connection.stats)
+        print(f"  GridSearchCV {way:<30} {result[way]['median']:8.3f} s  {result[way].get('transport', '')}",
+              flush=True)
+    sklearn_gpu_bridge.reset_connection()
+    result["speedup_vs_sklearn"] = result["sklearn (n_jobs=-1)"]["median"] / result["bridge"]["median"]
     return result
 
 
