@@ -30,6 +30,9 @@ for stage in "$@"; do
       log="$OUT/pytest-cuml-reliability.txt"
       step 90 "$log" "${PYTEST[@]}" -v -rA tests/test_security.py -k curve
       step 200 "$log" "${PYTEST[@]}" -v --tb=short -m "not slow" tests/test_faults.py tests/test_bad_input.py ;;
+    checks)  # the bad-input table, the array cache, and every class's estimator checks (per test, -v)
+      step 120 "$OUT/pytest-cuml-reliability-2.txt" "${PYTEST[@]}" -q --tb=short tests/test_bad_input.py tests/test_cache.py
+      step 200 "$OUT/pytest-cuml-checks.txt" "${PYTEST[@]}" -v --tb=short tests/test_estimator_checks.py ;;
     conformance)  # every method of every class, fitted state, and the estimator checks that failed before
       log="$OUT/pytest-cuml-conformance.txt"
       step 150 "$log" "${PYTEST[@]}" -q --tb=short tests/test_coverage.py tests/test_state.py
@@ -38,9 +41,11 @@ for stage in "$@"; do
     profile)  # where the bridged time goes in the cases that missed their targets; copy threads
       log="$OUT/profile-h100.txt"
       step 150 "$log" python3 benchmarks/e2e.py --parts profile --only "1M" --out /tmp/profile.json
-      step 90 "$log" python3 benchmarks/e2e.py --parts profile --only "5000x20" --out /tmp/profile.json
+      step 90 "$log" env SKLEARN_GPU_BRIDGE_WORKER_PROFILE=/tmp/worker.prof \
+        python3 benchmarks/e2e.py --parts profile --only "5000x20" --out /tmp/profile.json
+      step 30 "$log" python3 -c "import pstats; pstats.Stats('/tmp/worker.prof').sort_stats('tottime').print_stats(25)"
       step 60 "$log" python3 benchmarks/e2e.py --parts profile --only "NearestNeighbors" --out /tmp/profile.json
-      step 120 "$log" python3 benchmarks/overhead.py --backend cuml --repeats 100 --large-repeats 7 --out "$OUT/../overhead-cuml-h100.json" ;;
+      step 120 "$log" python3 benchmarks/overhead.py --backend cuml --repeats 100 --large-repeats 7 --out "$OUT/overhead-cuml-h100.json" ;;
     e2e)  # the three ways per case, accuracies, memory over 1,000 cycles
       step 590 "$OUT/e2e-h100.txt" python3 benchmarks/e2e.py --parts cases,accuracy,memory --out "$OUT/e2e-h100.json" ;;
     grid)  # the GridSearchCV workflow, and the array cache's effect on it

@@ -142,3 +142,22 @@ def test_local_worker_is_started_shared_with_joblib_children_and_stopped(tmp_pat
         assert len(report["warnings"]) == 1  # said once, not per call or per child
     assert _wait_dead(report["worker_pid"]), "the local worker outlived its client"
     assert not any(os.path.exists(p) for p in report["pool_files"])
+
+
+def test_worker_profile_env_writes_the_requests_profile_at_exit(tmp_path, monkeypatch):
+    """SKLEARN_GPU_BRIDGE_WORKER_PROFILE: where a bridged call's worker-side time goes (diagnosis)."""
+    import pstats
+
+    from .conftest import use_worker
+
+    monkeypatch.setenv("SKLEARN_GPU_BRIDGE_WORKER_PROFILE", str(tmp_path / "worker.prof"))
+    process = WorkerProcess(tmp_path)
+    try:
+        use_worker(process)
+        GPUStandardScaler().fit_transform(np.ones((100, 3)))
+        assert sklearn_gpu_bridge.get_connection().last_worker_seconds > 0
+    finally:
+        sklearn_gpu_bridge.reset_connection()
+        assert process.stop() == 0
+    functions = {name for _, _, name in pstats.Stats(str(tmp_path / "worker.prof")).stats}
+    assert "_op_fit" in functions

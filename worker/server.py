@@ -17,9 +17,11 @@ is seen at once; any other client is freed after ``client_timeout`` seconds
 without a message (the client pings while it is idle, to stay).
 """
 
+import cProfile
 import ipaddress
 import logging
 import os
+import pstats
 import re
 import signal
 import sys
@@ -59,6 +61,8 @@ SWEEP_SECONDS = 1.0
 CLIENT_TIMEOUT = 600.0  # seconds without a message before a client that cannot be watched is freed
 ARRAY_CACHE_BYTES = 1024 << 20  # arrays kept for clients (all together), so that a repeated array travels once
 MIN_KEY_BYTES = 16
+#: a file name: the work of every request is profiled and the stats written there at exit (diagnosis)
+PROFILE_ENV = "SKLEARN_GPU_BRIDGE_WORKER_PROFILE"
 
 
 class ConfigurationError(ValueError):
@@ -230,6 +234,8 @@ class Worker:
         self._dropped_logged_at, self._dropped_unlogged = -1e9, 0
         self.started = time.time()
         self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="sgb-work")
+        self._profile = [] if os.environ.get(PROFILE_ENV) else None
+        self._profile_lock = threading.Lock()
         self._local = threading.local()
         self._stopping = threading.Event()
         self.context = zmq.Context()
@@ -311,6 +317,9 @@ class Worker:
     def close(self):
         self._stopping.set()
         self._executor.shutdown(wait=False, cancel_futures=True)
+        if self._profile:
+            with self._profile_lock:
+                pstats.Stats(*self._profile).dump_stats(os.environ[PROFILE_ENV])
         for pool in self.pools.values():
             pool.close()
         if self.connection_file:
@@ -350,7 +359,7 @@ class Worker:
             return
         state = self._seen(client, working=op in WORK_OPS)
         if op in WORK_OPS:
-            self._executor.submit(self._work, identity, header, buffers, state)
+            self._executor.submit(self._work, identity, header, buffers, state, time.perf_counter())
         elif op in QUICK_OPS:
             self.router.send_multipart([identity, *self._handle(header, buffers)], copy=False)
         else:
@@ -366,9 +375,18 @@ class Worker:
             log.warning("dropped a message: %s%s", exc, f" (and {more} more since the last report)" if more else "")
             self._dropped_logged_at, self._dropped_unlogged = now, 0
 
-    def _work(self, identity, header, buffers, state):
+    def _work(self, identity, header, buffers, state, received):
         try:
-            frames = self._handle(header, buffers)
+            if self._profile is None:
+                frames = self._handle(header, buffers, received)
+            else:
+                profiler = cProfile.Profile()
+                frames = profiler.runcall(self._handle, header, buffers, received)
+                with self._profile_lock:
+                    self._profile.append(profiler)
+        except Exception as exc:  # noqa: BLE001 - a bug here must still answer, or the client waits forever
+            log.exception("a request failed outside its operation")
+            frames = self._error_reply(header, exc)
         finally:
             if state is not None:
                 with self._clients_lock:
@@ -380,16 +398,17 @@ class Worker:
             push.connect(f"inproc://results-{self.worker_id}")
         push.send_multipart([identity, *frames], copy=False)
 
-    def _handle(self, header, buffers):
+    def _handle(self, header, buffers, received=None):
         """Run one operation; always returns reply frames, never raises."""
         self._local.kept = []  # keys of the arrays this request asked the worker to keep, and it kept
         try:
+            started = received or time.perf_counter()
             self._release(header)
-            started = time.perf_counter()
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 payload, reply_buffers = getattr(self, "_op_" + header["op"])(header, buffers)
-            # the worker's own share of the round trip: profiles tell it from transport and validation
+            # the worker's own share of the round trip (from the message's arrival, so the wait for an
+            # executor thread counts): profiles tell it from the client's validation and the socket
             reply = {"op": "reply", "id": new_id(), "parent": header.get("id"), **payload,
                      "worker_seconds": time.perf_counter() - started}
             if self._local.kept:
