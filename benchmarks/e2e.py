@@ -235,8 +235,9 @@ def _line(row):
 
 
 def profile_cases(cases, use_cuml, repeats=10, top=14):
-    """Where a bridged call's time goes: medians of the whole call and of the worker's share
-    (its last request), then a cProfile of one call (``_await``/``poll`` is the wait for the reply)."""
+    """Where a bridged call's time goes: medians of the whole call and of the legs of its last
+    request (to the worker, on the worker, back), then a cProfile of one call on the client
+    (``poll`` is the wait for the reply)."""
     import cProfile
     import io
     import pstats
@@ -246,14 +247,15 @@ def profile_cases(cases, use_cuml, repeats=10, top=14):
         X, y = make_data(case)
         wrapper = getattr(sklearn_gpu_bridge, case.bridge)
         case.run(wrapper(**case.params), X, y)  # warm
-        totals, workers = [], []
+        totals, legs = [], []
         for _ in range(repeats):
             start = time.perf_counter()
             case.run(wrapper(**case.params), X, y)
             totals.append(time.perf_counter() - start)
-            workers.append(connection.last_worker_seconds)
-        line = (f"\n== {case.name}: bridge {np.median(totals) * 1e3:.2f} ms, the worker's share of its last "
-                f"request {np.median(workers) * 1e3:.2f} ms (medians of {repeats})")
+            legs.append(connection.last_timing)
+        to_worker, on_worker, back = np.median(legs, axis=0) * 1e3
+        line = (f"\n== {case.name}: bridge {np.median(totals) * 1e3:.2f} ms; its last request: to the worker "
+                f"{to_worker:.2f} ms, on the worker {on_worker:.2f} ms, back {back:.2f} ms (medians of {repeats})")
         if use_cuml:
             cuml_time = timed(lambda: case.run(cuml_class(case.cuml)(**case.params), X, y), repeats)["median"]
             line += f", cuML in process {cuml_time * 1e3:.2f} ms"

@@ -314,10 +314,11 @@ class Connection:
         link = self._link()
         link.disconnected()  # forget drops that happened before this request
         link.socket.send_multipart(self.session.pack(header, buffers), copy=False)
+        sent = time.monotonic()
         reply, reply_buffers = self._await(link, header["id"], timeout, header["op"])
+        self._local.timing = (sent, time.monotonic(), reply.get("worker_span"))
         if reply["op"] == "error":
             raise rebuild_error(reply)
-        self._local.worker_seconds = reply.get("worker_seconds")
         for module, category, message in reply.get("warnings", ()):
             warnings.warn(message, _warning_class(module, category), stacklevel=4)
         return reply, reply_buffers
@@ -503,12 +504,20 @@ class Connection:
 
     def status(self):
         reply, _ = self._roundtrip({"op": "status"}, timeout=HELLO_TIMEOUT)
-        return {k: v for k, v in reply.items() if k not in ("op", "id", "parent", "worker_seconds")}
+        return {k: v for k, v in reply.items() if k not in ("op", "id", "parent", "worker_span")}
 
     @property
-    def last_worker_seconds(self):
-        """How long the worker itself spent on this thread's last request (profiles)."""
-        return getattr(self._local, "worker_seconds", None)
+    def last_timing(self):
+        """This thread's last request, in seconds: (to the worker, on the worker, back), or None.
+
+        From CLOCK_MONOTONIC stamps that the client and a worker on the same
+        host share (profiles; across hosts only the middle one means anything).
+        """
+        timing = getattr(self._local, "timing", None)
+        if timing is None or not timing[2]:
+            return None
+        sent, received, (arrived, replied) = timing
+        return arrived - sent, replied - arrived, received - replied
 
     def schedule_release(self, handle):
         """Called from finalizers: no I/O here, the next request carries it."""

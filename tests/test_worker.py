@@ -155,7 +155,8 @@ def test_worker_profile_env_writes_the_requests_profile_at_exit(tmp_path, monkey
     try:
         use_worker(process)
         GPUStandardScaler().fit_transform(np.ones((100, 3)))
-        assert sklearn_gpu_bridge.get_connection().last_worker_seconds > 0
+        to_worker, on_worker, back = sklearn_gpu_bridge.get_connection().last_timing
+        assert to_worker > 0 and on_worker > 0 and back > 0
     finally:
         sklearn_gpu_bridge.reset_connection()
         assert process.stop() == 0

@@ -342,6 +342,7 @@ class Worker:
 
     def _receive(self):
         frames = self.router.recv_multipart(copy=False)
+        arrived = time.monotonic()
         identity, frames = frames[0], frames[1:]
         try:
             header, buffers = self.session.unpack(frames)
@@ -359,7 +360,7 @@ class Worker:
             return
         state = self._seen(client, working=op in WORK_OPS)
         if op in WORK_OPS:
-            self._executor.submit(self._work, identity, header, buffers, state, time.perf_counter())
+            self._executor.submit(self._work, identity, header, buffers, state, arrived)
         elif op in QUICK_OPS:
             self.router.send_multipart([identity, *self._handle(header, buffers)], copy=False)
         else:
@@ -402,15 +403,15 @@ class Worker:
         """Run one operation; always returns reply frames, never raises."""
         self._local.kept = []  # keys of the arrays this request asked the worker to keep, and it kept
         try:
-            started = received or time.perf_counter()
+            started = received or time.monotonic()
             self._release(header)
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 payload, reply_buffers = getattr(self, "_op_" + header["op"])(header, buffers)
-            # the worker's own share of the round trip (from the message's arrival, so the wait for an
-            # executor thread counts): profiles tell it from the client's validation and the socket
+            # when the message arrived and its reply was ready (CLOCK_MONOTONIC, which processes on one
+            # host share): profiles tell the worker's share from the client's and the sockets'
             reply = {"op": "reply", "id": new_id(), "parent": header.get("id"), **payload,
-                     "worker_seconds": time.perf_counter() - started}
+                     "worker_span": [started, time.monotonic()]}
             if self._local.kept:
                 reply["cache_kept"] = self._local.kept
             if caught:
