@@ -102,16 +102,20 @@ class _Link:
     def __init__(self, info):
         self.info = info
         self.socket = _dealer(info, connect=False)
-        self.events = self.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self.events = self.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED)
         self.socket.connect(info.address)  # after the monitor: no event is missed
         self.pinger = None
 
     def disconnected(self):
-        """Whether the connection dropped since the last look (reads all pending events)."""
+        """Whether, since the last look, the connection dropped or a reconnect found nobody listening.
+
+        ZeroMQ retries a refused connect every 100 ms, so a worker that died
+        between two requests is known within that, not after a heartbeat timeout.
+        """
         dropped = False
         while self.events.poll(0):
             event = recv_monitor_message(self.events)
-            dropped |= event["event"] == zmq.EVENT_DISCONNECTED
+            dropped |= event["event"] in (zmq.EVENT_DISCONNECTED, zmq.EVENT_CONNECT_RETRIED)
         return dropped
 
     def ping_socket(self):
@@ -288,7 +292,8 @@ class Connection:
             reply, _ = self._roundtrip(header, timeout=HELLO_TIMEOUT)
         except WorkerLost as exc:
             why = (f"within {HELLO_TIMEOUT:.0f} s (not running, or a different key)" if "within" in str(exc)
-                   else "(it closed the connection: stopped, or a CurveZMQ key that does not match)")
+                   else "(nothing listens there, or it closed the connection: stopped, or a CurveZMQ key that "
+                        "does not match)")
             raise WorkerUnavailable(
                 f"no worker answered at {self.info.address} {why}; {start_hint(self.connection_file)}"
             ) from exc
