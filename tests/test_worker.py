@@ -3,6 +3,7 @@
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -15,6 +16,8 @@ from sklearn.datasets import make_classification
 
 import sklearn_gpu_bridge
 from sklearn_gpu_bridge import GPUSVC, GPUStandardScaler, VersionMismatch, WorkerLost, WorkerUnavailable
+from sklearn_gpu_bridge.connect import ConnectionInfo, new_key, write_connection_file
+from sklearn_gpu_bridge.protocol import PROTOCOL_VERSION
 from sklearn_gpu_bridge.shm import pid_alive
 
 from .conftest import BACKEND, WorkerProcess
@@ -99,6 +102,22 @@ def test_missing_connection_file_names_the_command(tmp_path):
     with sklearn_gpu_bridge.config_context(connection_file=str(path)):
         with pytest.raises(WorkerUnavailable, match=f"sklearn-gpu-bridge worker --connection-file {path}"):
             GPUStandardScaler().fit(np.ones((3, 2)))
+    sklearn_gpu_bridge.reset_connection()
+
+
+def test_stale_connection_file_is_refused_without_waiting_for_the_hello_timeout(tmp_path):
+    """A worker gone, its file left: the refused connect says so (before: 10 s of silence)."""
+    with socket.socket() as probe:  # a port that was free a moment ago: nothing listens there
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    path = tmp_path / "stale.json"
+    write_connection_file(path, ConnectionInfo(address=f"tcp://127.0.0.1:{port}", key=new_key(),
+                                               protocol_version=PROTOCOL_VERSION, pid=1, backend="cuml"))
+    sklearn_gpu_bridge.reset_connection()
+    with sklearn_gpu_bridge.config_context(connection_file=str(path), start_local_worker=False):
+        with pytest.raises(WorkerUnavailable, match="nothing listens there") as raised:
+            GPUStandardScaler().fit(np.ones((3, 2)))
+    assert f"--connection-file {path}" in str(raised.value)
     sklearn_gpu_bridge.reset_connection()
 
 
