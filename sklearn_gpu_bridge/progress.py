@@ -28,9 +28,9 @@ PREFIX = "sklearn-gpu-bridge"
 
 def interactive(stream=None):
     """Whether progress should be shown on ``stream`` (default ``sys.stderr``) now."""
-    from .config import get_config
+    from .config import get_setting
 
-    setting = str(get_config().get("progress", "auto")).lower()
+    setting = str(get_setting("progress")).lower()
     if setting in ("off", "0", "false", "no"):
         return False
     if setting in ("on", "1", "true", "yes"):

@@ -45,7 +45,7 @@ from sklearn.utils.validation import (
 
 from .. import __version__
 from ..client import get_connection
-from ..config import get_config
+from ..config import get_setting
 from ..errors import WorkerUnavailable
 from ..parallel import PARALLEL_MIN, all_sums_finite
 from ..protocol import to_plain
@@ -242,7 +242,7 @@ class RemoteEstimator(BaseEstimator):
                 f"{exc}\n{name}.{method} needs a worker: this fitted model carries no "
                 "scikit-learn form of its state to compute it on the CPU"
             ) from exc
-        if not get_config()["cpu_fallback"]:
+        if not get_setting("cpu_fallback"):
             raise WorkerUnavailable(
                 f"{exc}\n{name}.{method} could run on the CPU with the scikit-learn model it carries: "
                 "set sklearn_gpu_bridge.set_config(cpu_fallback=True) "
@@ -350,7 +350,7 @@ class RemoteEstimator(BaseEstimator):
 
 
 def _state_sync():
-    mode = get_config()["state_sync"]
+    mode = get_setting("state_sync")
     if mode not in ("lazy", "eager"):
         raise ValueError(f"state_sync must be 'lazy' or 'eager', not {mode!r}")
     return mode
