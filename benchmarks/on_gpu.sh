@@ -6,6 +6,7 @@
 #
 #   bash benchmarks/on_gpu.sh reliability conformance profile    # logs under $OUT
 #   bash benchmarks/on_gpu.sh e2e grid                           # the three-way table, the workflow
+#   bash benchmarks/on_gpu.sh verify                             # after a change: the cuML rows again
 #
 # Each step has its own time limit, so that one hang cannot eat the others.
 set -u
@@ -33,6 +34,9 @@ for stage in "$@"; do
     checks)  # the bad-input table, the array cache, and every class's estimator checks (per test, -v)
       step 120 "$OUT/pytest-cuml-reliability-2.txt" "${PYTEST[@]}" -q --tb=short tests/test_bad_input.py tests/test_cache.py
       step 200 "$OUT/pytest-cuml-checks.txt" "${PYTEST[@]}" -v --tb=short tests/test_estimator_checks.py ;;
+    verify)  # the array cache, the bad-input table, faults (the GPU's out-of-memory test too), the worker's life
+      step 300 "$OUT/pytest-cuml-verify.txt" "${PYTEST[@]}" -q -rfEs --tb=short tests/test_cache.py \
+        tests/test_bad_input.py tests/test_faults.py tests/test_worker.py ;;
     conformance)  # every method of every class, fitted state, and the estimator checks that failed before
       log="$OUT/pytest-cuml-conformance.txt"
       step 150 "$log" "${PYTEST[@]}" -q --tb=short tests/test_coverage.py tests/test_state.py
