@@ -392,6 +392,7 @@ class Worker:
             if state is not None:
                 with self._clients_lock:
                     state.inflight -= 1
+                    state.last_seen = time.monotonic()  # silence counts from the answer, not the question
         push = getattr(self._local, "push", None)
         if push is None:
             push = self._local.push = self.context.socket(zmq.PUSH)
