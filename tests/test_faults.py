@@ -316,15 +316,23 @@ def impatient_worker(tmp_path, worker):
     use_worker(worker)
 
 
-def test_silent_client_that_cannot_be_watched_is_freed_after_the_timeout(impatient_worker):
+@pytest.mark.parametrize("fit", ["quick", pytest.param("longer-than-the-timeout", marks=CPU_ONLY)])
+def test_silent_client_that_cannot_be_watched_is_freed_after_the_timeout(impatient_worker, fit):
+    """Silence counts from the worker's last answer: a fit longer than the timeout is no silence."""
     from .test_security import RawClient  # a client without hello: no pid, no pool, no keepalive
 
     raw = RawClient(impatient_worker)
     try:
-        X = np.arange(12.0).reshape(4, 3)
+        if fit == "quick":
+            X, estimator = np.arange(12.0).reshape(4, 3), "StandardScaler"
+        else:  # about 4 s on the CPU backend; 2000 x 4 float64 still travels inline
+            X, estimator = np.random.default_rng(0).standard_normal((2000, 4)), "TSNE"
         desc = {"dtype": X.dtype.str, "shape": list(X.shape), "order": "C", "where": "inline", "data": X.tobytes()}
-        reply, _ = raw.request(raw.header("fit", estimator="StandardScaler", method="fit", params={}, arrays=[desc],
-                                          payload={"args": [{"__array__": 0}], "kwargs": {}}))
+        asked = time.monotonic()
+        reply, _ = raw.request(raw.header("fit", estimator=estimator, method="fit", params={}, arrays=[desc],
+                                          payload={"args": [{"__array__": 0}], "kwargs": {}}), timeout_ms=120_000)
+        if fit != "quick":
+            assert time.monotonic() - asked > 1.5  # the fit itself outlasted the timeout
         assert reply["op"] == "reply", reply
         silent_from = time.monotonic()
         assert _status_of(impatient_worker)["handles"] == 1
@@ -332,7 +340,7 @@ def test_silent_client_that_cannot_be_watched_is_freed_after_the_timeout(impatie
         took = time.monotonic() - silent_from
     finally:
         raw.close()
-    record("silent_client_freed", client_timeout=1.0, seconds=round(took, 3))
+    record("silent_client_freed", fit=fit, client_timeout=1.0, seconds=round(took, 3))
     assert 1.0 <= took < 3.5
     assert _status_of(impatient_worker)["swept"] == {"idle": 1}
 

@@ -63,9 +63,9 @@ class RawClient:
             return None
         return self.session.unpack(self.socket.recv_multipart())
 
-    def request(self, header, buffers=()):
+    def request(self, header, buffers=(), timeout_ms=REPLY_MS):
         self.send(self.session.pack(header, buffers))
-        reply = self.receive()
+        reply = self.receive(timeout_ms)
         assert reply is not None, f"no reply to {header['op']!r}"
         assert reply[0]["parent"] == header["id"]
         return reply
