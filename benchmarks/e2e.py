@@ -3,7 +3,8 @@
 Each case runs three ways on the same float32 data: scikit-learn in this
 process (all CPU cores where the class has ``n_jobs``), cuML in this process,
 and the ``GPU*`` wrapper through a cuML worker that this script starts. The
-median of ``--repeats`` timed runs after one warm-up is recorded. Also:
+median of ``--repeats`` timed runs after one warm-up is recorded (cases of
+milliseconds run until half a second has been timed). Also:
 GridSearchCV over a Pipeline (the workflow users run), start-up (worker start
 to ready, then the first call), 5-fold accuracies on scikit-learn's small
 datasets, and worker memory over many fit/predict/release cycles.
@@ -131,16 +132,25 @@ def make_data(case, seed=0):
     return X, (score > 0).astype(np.int32)
 
 
+SMALL_SECONDS = 0.5  # quick cases repeat until they have run this long (at most MAX_REPEATS times)
+MAX_REPEATS = 100
+
+
 def timed(run, repeats):
-    """Median, min and all times of ``repeats`` runs after one warm-up."""
+    """Median, min and all times of at least ``repeats`` runs after one warm-up.
+
+    A case of milliseconds repeats until SMALL_SECONDS have been timed: the
+    median of 3 such runs moves by more than the bridge's overhead from one
+    run of the script to the next.
+    """
     run()
     times = []
-    for _ in range(repeats):
+    while len(times) < repeats or (sum(times) < SMALL_SECONDS and len(times) < MAX_REPEATS):
         gc.collect()
         start = time.perf_counter()
         run()
         times.append(time.perf_counter() - start)
-    return {"median": float(np.median(times)), "min": float(min(times)), "times": times}
+    return {"median": float(np.median(times)), "min": float(min(times)), "n": len(times), "times": times}
 
 
 class WorkerProcess:
@@ -237,31 +247,45 @@ def _line(row):
 def profile_cases(cases, use_cuml, repeats=10, top=14):
     """Where a bridged call's time goes: medians of the whole call and of the legs of its last
     request (to the worker, on the worker, back), then a cProfile of one call on the client
-    (``poll`` is the wait for the reply)."""
+    (``poll`` is the wait for the reply).
+
+    Each way is timed twice: after ``gc.collect()`` as the case table times it (the worker's
+    threads have gone idle meanwhile and must be woken), and back to back (they have not).
+    """
     import cProfile
     import io
     import pstats
 
     connection = sklearn_gpu_bridge.get_connection()
+
+    def medians(run, collect):
+        totals, legs = [], []
+        for _ in range(repeats):
+            if collect:
+                gc.collect()
+            start = time.perf_counter()
+            run()
+            totals.append(time.perf_counter() - start)
+            legs.append(connection.last_timing)
+        return np.median(totals) * 1e3, np.median(legs, axis=0) * 1e3
+
     for case in cases:
         X, y = make_data(case)
         wrapper = getattr(sklearn_gpu_bridge, case.bridge)
-        case.run(wrapper(**case.params), X, y)  # warm
-        totals, legs = [], []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            case.run(wrapper(**case.params), X, y)
-            totals.append(time.perf_counter() - start)
-            legs.append(connection.last_timing)
-        to_worker, on_worker, back = np.median(legs, axis=0) * 1e3
-        line = (f"\n== {case.name}: bridge {np.median(totals) * 1e3:.2f} ms; its last request: to the worker "
-                f"{to_worker:.2f} ms, on the worker {on_worker:.2f} ms, back {back:.2f} ms (medians of {repeats})")
-        if use_cuml:
-            cuml_time = timed(lambda: case.run(cuml_class(case.cuml)(**case.params), X, y), repeats)["median"]
-            line += f", cuML in process {cuml_time * 1e3:.2f} ms"
+        bridged = lambda: case.run(wrapper(**case.params), X, y)  # noqa: E731
+        bridged()  # warm
+        line = f"\n== {case.name} (medians of {repeats}):"
+        for collect in (True, False):
+            total, (to_worker, on_worker, back) = medians(bridged, collect)
+            line += (f"\n   {'after gc.collect()' if collect else 'back to back'}: bridge {total:.2f} ms; its last "
+                     f"request: to the worker {to_worker:.2f} ms, on the worker {on_worker:.2f} ms, back {back:.2f} ms")
+            if use_cuml:
+                in_process = lambda: case.run(cuml_class(case.cuml)(**case.params), X, y)  # noqa: E731
+                in_process()
+                line += f"; cuML in process {medians(in_process, collect)[0]:.2f} ms"
         profiler = cProfile.Profile()
         profiler.enable()
-        case.run(wrapper(**case.params), X, y)
+        bridged()
         profiler.disable()
         out = io.StringIO()
         pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(top)

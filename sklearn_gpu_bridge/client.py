@@ -318,8 +318,8 @@ class Connection:
             header["release"] = releases
         link = self._link()
         link.disconnected()  # forget drops that happened before this request
+        sent = time.monotonic()  # before the send: a send can return after the worker has the message
         link.socket.send_multipart(self.session.pack(header, buffers), copy=False)
-        sent = time.monotonic()
         reply, reply_buffers = self._await(link, header["id"], timeout, header["op"])
         self._local.timing = (sent, time.monotonic(), reply.get("worker_span"))
         if reply["op"] == "error":
