@@ -104,11 +104,15 @@ class WorkerProcess:
 
 
 def use_transport(connection_file, transport):
-    """Point the client at the worker with the pool on ("auto") or off (frames); a fresh connection."""
+    """Point the client at the worker with the pool on ("auto") or off (frames); a fresh connection.
+
+    The array cache is off: the same array is sent again and again here, and the
+    transport, not the cache, is what is measured (e2e.py's grid measures the cache).
+    """
     sklearn_gpu_bridge.reset_connection()
     sklearn_gpu_bridge.set_config(
         connection_file=str(connection_file), start_local_worker=False,
-        pool="off" if transport == "frames" else "auto",
+        pool="off" if transport == "frames" else "auto", array_cache="off",
     )
     return sklearn_gpu_bridge.get_connection()
 
@@ -184,13 +188,27 @@ def measure_latency(connection_file, repeats, warmup):
     socket each time, as the heartbeat does, and is timed separately);
     status: a quick op that also asks the backend for its versions;
     echo with no arrays: a work op, through the worker's executor thread.
+    The ``_after_idle`` pair sleeps 5 ms before each call, as a user's code
+    between two calls would: the threads on both sides have gone to sleep.
     """
     conn = use_transport(connection_file, "pool")
+
+    def ping():
+        conn._roundtrip({"op": "ping"}, timeout=10.0)
+
+    def after_idle(fn):
+        def run():
+            time.sleep(0.005)
+            return clock(fn)
+        return lambda: [run() for _ in range(repeats)]
+
     return {
-        "ping_roundtrip": summary(timed(lambda: conn._roundtrip({"op": "ping"}, timeout=10.0), repeats, warmup)),
+        "ping_roundtrip": summary(timed(ping, repeats, warmup)),
         "status_roundtrip": summary(timed(conn.status, repeats, warmup)),
         "echo_empty_roundtrip": summary(timed(conn.echo, repeats, warmup)),
         "ping_new_socket": summary(timed(conn.ping, repeats, warmup)),
+        "ping_roundtrip_after_idle": summary(after_idle(ping)()),
+        "echo_empty_roundtrip_after_idle": summary(after_idle(conn.echo)()),
     }
 
 
