@@ -7,6 +7,7 @@ client that can read it can talk to a worker that is warm.
 import json
 import os
 import secrets
+import subprocess
 import sys
 import tempfile
 from dataclasses import asdict, dataclass
@@ -39,6 +40,38 @@ def default_connection_file():
     else:
         base = Path(os.environ.get("XDG_RUNTIME_DIR") or Path.home() / ".local" / "share")
     return base / "sklearn-gpu-bridge" / "worker.json"
+
+
+def windows_user(environ=os.environ):
+    """``DOMAIN\\name`` of the Windows user running this process (as icacls names accounts)."""
+    name, domain = environ.get("USERNAME"), environ.get("USERDOMAIN")
+    return f"{domain}\\{name}" if domain else name
+
+
+def private_folder_command(folder, user):
+    """icacls arguments that leave ``folder``, and all that is created in it, to ``user`` alone.
+
+    Windows' 0700: inherited entries removed (/inheritance:r), then full
+    control for ``user`` only, inherited by files (OI) and folders (CI).
+    """
+    return ["icacls", str(folder), "/inheritance:r", "/grant:r", f"{user}:(OI)(CI)F"]
+
+
+def make_private_folder(folder, windows=None):
+    """Create ``folder`` (if needed) for this user alone: mode 0700, or on Windows an ACL of this user only.
+
+    Only for folders this package owns: on Windows ``chmod`` cannot keep others
+    out, and the files a worker in WSL2 writes there take the folder's ACL.
+    """
+    folder = Path(folder)
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if sys.platform == "win32" if windows is None else windows:
+        command = private_folder_command(folder, windows_user())
+        done = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        if done.returncode != 0:
+            raise OSError(f"could not keep {folder} to {windows_user()} ({' '.join(command)}): "
+                          f"{(done.stderr or done.stdout).strip()}")
+    return folder
 
 
 def write_connection_file(path, info):

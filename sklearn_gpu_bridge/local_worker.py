@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .connect import read_connection_file
+from .connect import make_private_folder, read_connection_file
 from .errors import WorkerUnavailable
 from .shm import pid_alive
 
@@ -34,8 +34,7 @@ _started = {}  # connection file -> Popen of the worker this process started the
 def rendezvous_folder():
     """A private folder of this user for the local workers' connection files."""
     folder = Path(tempfile.gettempdir()) / f"sklearn-gpu-bridge-{getpass.getuser()}"
-    folder.mkdir(mode=0o700, exist_ok=True)
-    return folder
+    return folder if folder.is_dir() else make_private_folder(folder)  # asked often: made private once
 
 
 def is_local_connection_file(path):

@@ -34,7 +34,7 @@ from urllib.parse import urlsplit
 
 from . import __version__, transport, wsl
 from .config import get_config, transport_settings
-from .connect import default_connection_file, read_connection_file
+from .connect import default_connection_file, make_private_folder, read_connection_file
 from .errors import BridgeError, ProtocolError
 from .progress import waiting
 from .protocol import Session, new_id
@@ -236,7 +236,10 @@ def start(*, backend="auto", connection_file=None, log_file=None, log_level="INF
     startup_timeout = float(startup_timeout or config["startup_timeout"])
     if log_level not in LOG_LEVELS:
         raise ValueError(f"log_level must be one of {LOG_LEVELS}")
-    connection_file.parent.mkdir(parents=True, exist_ok=True)
+    if connection_file.parent == default_connection_file().parent:  # ours: for this user alone
+        make_private_folder(connection_file.parent, windows=windows)
+    else:  # the user's choice of folder, and of who may read it
+        connection_file.parent.mkdir(parents=True, exist_ok=True)
     with _StartLock(_lock_path(connection_file), startup_timeout):
         if _answering(connection_file) is not None:
             result = status(connection_file=connection_file)

@@ -5,6 +5,8 @@ a stand-in ``wsl.exe`` that parses the command line the way WSL documents it.
 """
 
 import json
+import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from sklearn_gpu_bridge import wsl
+from sklearn_gpu_bridge.connect import make_private_folder, windows_user
 from sklearn_gpu_bridge.service import worker_argv
 
 
@@ -225,3 +228,49 @@ def test_autostart_cli_writes_the_run_key(monkeypatch):
     result = runner.invoke(cli.main, ["autostart", "remove"])
     assert result.exit_code == 0 and "removed" in result.output
     assert registry.keys[wsl.RUN_KEY] == {}
+
+
+# ---------------------------------------------------------------- owner-only folders on Windows
+
+
+@pytest.fixture
+def stand_in_icacls(tmp_path, monkeypatch):
+    """An ``icacls`` first on PATH that records its arguments and exits with $ICACLS_EXIT."""
+    bin_dir, log = tmp_path / "bin", tmp_path / "icacls.log"
+    bin_dir.mkdir()
+    script = bin_dir / "icacls"
+    script.write_text(f"#!{sys.executable}\n"
+                      "import json, os, sys\n"
+                      f"open({str(log)!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n"
+                      "if os.environ.get('ICACLS_EXIT', '0') != '0':\n"
+                      "    sys.stderr.write('Access is denied.')\n"
+                      "sys.exit(int(os.environ.get('ICACLS_EXIT', '0')))\n")
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("USERNAME", "ada")
+    monkeypatch.setenv("USERDOMAIN", "LAPTOP")
+    return log
+
+
+def test_windows_user_is_named_as_icacls_names_accounts():
+    assert windows_user({"USERNAME": "ada", "USERDOMAIN": "LAPTOP"}) == "LAPTOP\\ada"
+    assert windows_user({"USERNAME": "ada"}) == "ada"
+
+
+def test_a_private_folder_on_windows_is_left_to_its_user_alone(tmp_path, stand_in_icacls):
+    folder = make_private_folder(tmp_path / "sklearn-gpu-bridge", windows=True)
+    assert folder.is_dir()
+    calls = [json.loads(line) for line in stand_in_icacls.read_text().splitlines()]
+    assert calls == [[str(folder), "/inheritance:r", "/grant:r", "LAPTOP\\ada:(OI)(CI)F"]]
+
+
+def test_a_folder_that_cannot_be_made_private_is_an_error_naming_the_command(tmp_path, stand_in_icacls, monkeypatch):
+    monkeypatch.setenv("ICACLS_EXIT", "5")
+    with pytest.raises(OSError, match=r"icacls .*/inheritance:r.*Access is denied"):
+        make_private_folder(tmp_path / "x", windows=True)
+
+
+def test_a_private_folder_elsewhere_is_mode_0700_and_runs_no_icacls(tmp_path, stand_in_icacls):
+    folder = make_private_folder(tmp_path / "a" / "b", windows=False)
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    assert not stand_in_icacls.exists()
