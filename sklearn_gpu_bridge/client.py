@@ -24,7 +24,7 @@ import threading
 import time
 import warnings
 import weakref
-from collections import Counter, OrderedDict, deque
+from collections import Counter, deque
 
 import numpy as np
 import zmq
@@ -42,7 +42,7 @@ from .errors import (
     WorkerLost,
     WorkerUnavailable,
 )
-from .protocol import INLINE_MAX, PROTOCOL_VERSION, Decoder, Encoder, Session, new_id
+from .protocol import INLINE_MAX, PROTOCOL_VERSION, BoundedLRU, Decoder, Encoder, Session, new_id
 from .shm import Pool
 
 log = logging.getLogger(__name__)
@@ -133,42 +133,21 @@ class _Link:
                 sock.close(linger=0)
 
 
-class KnownArrays:
+class KnownArrays(BoundedLRU):
     """The keys of the arrays that the worker keeps for this connection, as far as the client knows.
 
-    Kept in the worker's order (least recently used first) and within its byte
-    bound, so that for a lone client it is what the worker holds. Where it is
-    not (other clients filled the worker's cache, a worker restarted behind the
-    same address), the worker answers CacheMiss and the request goes again in full.
+    Kept in the worker's order and within its byte bound, so that for a lone
+    client it is what the worker holds. Where it is not (other clients filled
+    the worker's cache, a worker restarted behind the same address), the
+    worker answers CacheMiss and the request goes again in full.
     """
 
     def __init__(self, max_bytes, min_bytes):
-        self.max_bytes, self.min_bytes = max_bytes, min_bytes
-        self.nbytes = 0
-        self._keys = OrderedDict()  # key -> nbytes
-        self._lock = threading.Lock()
-
-    def __len__(self):
-        return len(self._keys)
+        super().__init__(max_bytes)
+        self.min_bytes = min_bytes
 
     def holds(self, key):
-        with self._lock:
-            if key in self._keys:
-                self._keys.move_to_end(key)
-                return True
-            return False
-
-    def add(self, key, nbytes):
-        with self._lock:
-            self.nbytes += nbytes - self._keys.pop(key, 0)
-            self._keys[key] = nbytes
-            while self.nbytes > self.max_bytes:
-                self.nbytes -= self._keys.popitem(last=False)[1]
-
-    def forget(self, keys):
-        with self._lock:
-            for key in keys:
-                self.nbytes -= self._keys.pop(key, 0)
+        return self.get(key) is not None
 
 
 class Connection:
@@ -450,7 +429,8 @@ class Connection:
             if out is not None:
                 out.release()
             if isinstance(exc, CacheMiss) and encoder.reused:
-                self.cache.forget(key for key, _ in encoder.reused)
+                for key, _ in encoder.reused:
+                    self.cache.pop(key)
             raise
         for lease in leases:
             lease.release()
@@ -458,7 +438,7 @@ class Connection:
             kept = set(reply.get("cache_kept") or ())
             for key, nbytes in encoder.offered:
                 if key in kept:
-                    self.cache.add(key, nbytes)
+                    self.cache.put(key, True, nbytes)
             self._count("cache_", {"hits": len(encoder.reused),
                                    "bytes_saved": sum(nbytes for _, nbytes in encoder.reused)})
         decoder = Decoder(reply, buffers, read_pool=_OutputReader(out), writeable=True)

@@ -44,7 +44,8 @@ import math
 import os
 import pickle
 import pickletools
-from collections import Counter, deque
+import threading
+from collections import Counter, OrderedDict, deque
 
 import numpy as np
 
@@ -214,6 +215,50 @@ def fingerprint(dtype, shape, order, raw):
     digest = hashlib.blake2b(f"{dtype}|{tuple(shape)}|{order}".encode(), digest_size=16)
     digest.update(memoryview(raw))
     return digest.hexdigest()
+
+
+class BoundedLRU:
+    """Values by key within a byte bound, least recently used first out; thread-safe.
+
+    The one bookkeeping of the array cache on both sides: the worker keeps
+    arrays under it, and the client mirrors the keys the worker keeps.
+    """
+
+    def __init__(self, max_bytes):
+        self.max_bytes = int(max_bytes)
+        self.nbytes = 0
+        self._entries = OrderedDict()  # key -> (value, nbytes)
+        self._lock = threading.Lock()
+
+    def __len__(self):
+        return len(self._entries)
+
+    def keys(self):
+        with self._lock:
+            return list(self._entries)
+
+    def get(self, key):
+        """The value under ``key`` (now the most recently used), or None."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                return None
+            self._entries.move_to_end(key)
+            return entry[0]
+
+    def put(self, key, value, nbytes):
+        with self._lock:
+            self.nbytes += nbytes - self._entries.pop(key, (None, 0))[1]
+            self._entries[key] = (value, nbytes)
+            while self.nbytes > self.max_bytes:
+                self.nbytes -= self._entries.popitem(last=False)[1][1]
+
+    def pop(self, key):
+        """Remove ``key``; returns its value, or None."""
+        with self._lock:
+            value, nbytes = self._entries.pop(key, (None, 0))
+            self.nbytes -= nbytes
+            return value
 
 
 class Encoder:

@@ -18,10 +18,10 @@ from sklearn_gpu_bridge.worker.cache import ArrayCache
 
 import sklearn_gpu_bridge
 from sklearn_gpu_bridge import GPUSVC, GPUStandardScaler, ProtocolError
-from sklearn_gpu_bridge.client import Connection, rebuild_error
+from sklearn_gpu_bridge.client import Connection, KnownArrays, rebuild_error
 from sklearn_gpu_bridge.connect import read_connection_file
 from sklearn_gpu_bridge.errors import CacheMiss
-from sklearn_gpu_bridge.protocol import Decoder, Encoder, fingerprint
+from sklearn_gpu_bridge.protocol import BoundedLRU, Decoder, Encoder, fingerprint
 
 from .conftest import BACKEND, WorkerProcess, assert_same, use_worker
 from .test_security import RawClient
@@ -73,19 +73,21 @@ def test_fingerprint_is_of_content_dtype_shape_and_order():
     assert key != fingerprint(X.dtype.str, Y.shape, "C", _raw(Y))
 
 
+def test_bounded_lru_keeps_the_most_recently_used_within_its_bytes():
+    lru = BoundedLRU(max_bytes=10)
+    for key in "abc":
+        lru.put(key, key.upper(), 3)
+    assert lru.get("a") == "A"  # now the most recently used
+    lru.put("d", "D", 3)  # 12 bytes: "b", the least recently used, goes
+    assert lru.keys() == ["c", "a", "d"] and lru.nbytes == 9
+    lru.put("c", "C2", 1)  # a new value for a key replaces its bytes too
+    assert lru.nbytes == 7 and lru.get("c") == "C2"
+    assert lru.pop("a") == "A" and lru.pop("a") is None and lru.nbytes == 4 and len(lru) == 2
+
+
 def test_decoder_serves_only_an_array_of_the_described_dtype_shape_and_order():
     cache = ArrayCache(10 << 20)
-
-    class Known:
-        min_bytes = 0
-
-        def __init__(self):
-            self.keys = set()
-
-        def holds(self, key):
-            return key in self.keys
-
-    known = Known()
+    known = KnownArrays(10 << 20, min_bytes=0)
     X = np.asfortranarray(_data(n=300))
     first = Encoder(cache=known)
     payload = first.encode([X])
@@ -93,7 +95,8 @@ def test_decoder_serves_only_an_array_of_the_described_dtype_shape_and_order():
     out = Decoder({"arrays": first.arrays}, first.buffers, cache=cache.for_client("a", kept)).decode(payload)
     np.testing.assert_array_equal(out[0], X)
     assert not out[0].flags.writeable and out[0].flags.f_contiguous and kept == [first.offered[0][0]]
-    known.keys.update(kept)
+    for key, nbytes in first.offered:
+        known.put(key, True, nbytes)
     again = Encoder(cache=known)
     payload = again.encode([X])
     assert again.arrays[0]["where"] == "cached" and again.buffers == []

@@ -9,55 +9,33 @@ and one byte bound, least recently used first out, holds for all clients
 together, so many clients cannot multiply the worker's memory.
 """
 
-import threading
-from collections import OrderedDict
+from sklearn_gpu_bridge.protocol import BoundedLRU
 
 
-class ArrayCache:
-    def __init__(self, max_bytes):
-        self.max_bytes = int(max_bytes)
-        self.nbytes = 0
-        self._entries = OrderedDict()  # (client, key) -> read-only array, least recently used first
-        self._lock = threading.Lock()
+class ArrayCache(BoundedLRU):
+    """Arrays by (client, key)."""
 
-    def __len__(self):
-        return len(self._entries)
+    def get_array(self, client, key):
+        return self.get((client, key))
 
-    def get(self, client, key):
-        with self._lock:
-            arr = self._entries.get((client, key))
-            if arr is not None:
-                self._entries.move_to_end((client, key))
-            return arr
-
-    def put(self, client, key, arr):
+    def put_array(self, client, key, arr):
         """Keep a private read-only copy of ``arr``; returns it, or ``arr`` if it is too large to keep."""
         if not 0 < arr.nbytes <= self.max_bytes:
             return arr
         kept = arr.copy(order="K")
         kept.flags.writeable = False
-        with self._lock:
-            old = self._entries.pop((client, key), None)
-            if old is not None:
-                self.nbytes -= old.nbytes
-            self._entries[(client, key)] = kept
-            self.nbytes += kept.nbytes
-            while self.nbytes > self.max_bytes:
-                _, evicted = self._entries.popitem(last=False)
-                self.nbytes -= evicted.nbytes
+        self.put((client, key), kept, kept.nbytes)
         return kept
 
-    def holds(self, client):
-        with self._lock:
-            return any(owner == client for owner, _ in self._entries)
+    def holds_arrays_of(self, client):
+        return any(owner == client for owner, _ in self.keys())
 
     def drop_client(self, client):
         """Free every array of ``client`` (it said goodbye, died or was swept); returns how many."""
-        with self._lock:
-            keys = [entry for entry in self._entries if entry[0] == client]
-            for entry in keys:
-                self.nbytes -= self._entries.pop(entry).nbytes
-        return len(keys)
+        mine = [entry for entry in self.keys() if entry[0] == client]
+        for entry in mine:
+            self.pop(entry)
+        return len(mine)
 
     def for_client(self, client, kept):
         """The Decoder's view of one request: this client's keys; ``kept`` collects the keys stored."""
@@ -69,10 +47,10 @@ class _ClientView:
         self.cache, self.client, self.kept = cache, client, kept
 
     def get(self, key):
-        return self.cache.get(self.client, key)
+        return self.cache.get_array(self.client, key)
 
     def put(self, key, arr):
-        kept = self.cache.put(self.client, key, arr)
+        kept = self.cache.put_array(self.client, key, arr)
         if kept is not arr:
             self.kept.append(key)
         return kept

@@ -500,7 +500,7 @@ class Worker:
                 if process_start(state.pid) != state.started:
                     self._free(client, state, "gone", f"its process {state.pid} is gone")
             elif not owners.get(client) and state.pool is None and not (
-                    self.array_cache is not None and self.array_cache.holds(client)):
+                    self.array_cache is not None and self.array_cache.holds_arrays_of(client)):
                 with self._clients_lock:  # holds nothing: forget it
                     if state.inflight == 0:
                         self.clients.pop(client, None)
