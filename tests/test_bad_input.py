@@ -303,3 +303,20 @@ def test_large_arrays_checked_in_parallel_give_scikit_learns_error_before_sendin
         GPUPCA(n_components=2).fit(X)
     assert _message(got.value, "GPUPCA", "PCA") == str(expected.value)
     assert "fit" not in _sent(connection, before)
+
+
+def test_float64_too_large_for_a_float32_worker_is_scikit_learns_error():
+    """A cuML worker computes in float32: 1e308 is finite here but not there; the cast notices, once."""
+    from types import SimpleNamespace
+
+    from sklearn_gpu_bridge.estimators.base import _for_backend
+
+    float32_worker = SimpleNamespace(hello={"float_dtype": "float32"})  # what a cuML worker's hello says
+    X = np.random.default_rng(4).standard_normal((1000, 3))
+    narrow = _for_backend(X, float32_worker)
+    assert narrow.dtype == np.float32 and np.array_equal(narrow, X.astype(np.float32))
+    X[500, 1] = np.nan  # NaN survives the cast (for the estimators that allow it)
+    assert np.isnan(_for_backend(X, float32_worker)[500, 1])
+    X[700, 2] = -1e308
+    with pytest.raises(ValueError, match=r"Input X contains infinity or a value too large for dtype\('float32'\)"):
+        _for_backend(X, float32_worker)

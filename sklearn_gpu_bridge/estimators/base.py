@@ -379,11 +379,13 @@ def _for_backend(X, connection):
             raise TypeError(f"values of type {exc} cannot be sent to the worker") from None
     float_dtype = connection.hello.get("float_dtype")
     if float_dtype and dtype == np.float64:
-        with np.errstate(over="ignore"):
-            narrow = X.astype(float_dtype)
-        # finite in float64 (validated) but too large for float32: scikit-learn's own error, here
-        assert_all_finite(narrow, allow_nan=True, input_name="X")
-        return narrow
+        try:  # the cast itself notices a value too large for float32: no second pass over the array
+            with np.errstate(over="raise"):
+                return X.astype(float_dtype)
+        except FloatingPointError:  # finite in float64 (validated), infinite in float32: scikit-learn's words
+            with np.errstate(over="ignore"):
+                assert_all_finite(X.astype(float_dtype), allow_nan=True, input_name="X")
+            raise
     return X
 
 
