@@ -197,18 +197,19 @@ def measure_latency(connection_file, repeats, warmup):
         conn._roundtrip({"op": "ping"}, timeout=10.0)
 
     def after_idle(fn):
-        def run():
+        times = []
+        for _ in range(repeats):
             time.sleep(0.005)
-            return clock(fn)
-        return lambda: [run() for _ in range(repeats)]
+            times.append(clock(fn))
+        return summary(times)
 
     return {
         "ping_roundtrip": summary(timed(ping, repeats, warmup)),
         "status_roundtrip": summary(timed(conn.status, repeats, warmup)),
         "echo_empty_roundtrip": summary(timed(conn.echo, repeats, warmup)),
         "ping_new_socket": summary(timed(conn.ping, repeats, warmup)),
-        "ping_roundtrip_after_idle": summary(after_idle(ping)()),
-        "echo_empty_roundtrip_after_idle": summary(after_idle(conn.echo)()),
+        "ping_roundtrip_after_idle": after_idle(ping),
+        "echo_empty_roundtrip_after_idle": after_idle(conn.echo),
     }
 
 
