@@ -69,7 +69,7 @@ def make_private_folder(folder, windows=None):
         command = private_folder_command(folder, windows_user())
         done = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL)
         if done.returncode != 0:
-            raise OSError(f"could not keep {folder} to {windows_user()} ({' '.join(command)}): "
+            raise OSError(f"could not make {folder} private ({' '.join(command)}): "
                           f"{(done.stderr or done.stdout).strip()}")
     return folder
 

@@ -586,4 +586,3 @@ def test_worker_answers_a_well_formed_raw_echo(connection, raw):
     assert reply["op"] == "reply"
     result = Decoder(reply, buffers).decode(reply["payload"])["result"][0]
     np.testing.assert_array_equal(result, data.reshape((2, 3), order="F"))
-

@@ -20,7 +20,7 @@ from sklearn_gpu_bridge.connect import ConnectionInfo, new_key, write_connection
 from sklearn_gpu_bridge.protocol import PROTOCOL_VERSION
 from sklearn_gpu_bridge.shm import pid_alive
 
-from .conftest import BACKEND, WorkerProcess
+from .conftest import BACKEND, WorkerProcess, use_worker
 
 
 def _long_fit_data():
@@ -163,14 +163,12 @@ def test_local_worker_is_started_shared_with_joblib_children_and_stopped(tmp_pat
     assert not any(os.path.exists(p) for p in report["pool_files"])
 
 
-def test_worker_profile_env_writes_the_requests_profile_at_exit(tmp_path, monkeypatch):
+def test_worker_profile_env_writes_the_requests_profile_at_exit(tmp_path, monkeypatch, worker):
     """SKLEARN_GPU_BRIDGE_WORKER_PROFILE: where a bridged call's worker-side time goes (diagnosis)."""
     import pstats
 
-    from .conftest import use_worker
-
     monkeypatch.setenv("SKLEARN_GPU_BRIDGE_WORKER_PROFILE", str(tmp_path / "worker.prof"))
-    process = WorkerProcess(tmp_path)
+    process = WorkerProcess(tmp_path)  # started with the variable set (fresh_worker would start it before)
     try:
         use_worker(process)
         for _ in range(2):  # the second after cuML's first-call set-up, which can switch a profiler off
@@ -180,5 +178,6 @@ def test_worker_profile_env_writes_the_requests_profile_at_exit(tmp_path, monkey
     finally:
         sklearn_gpu_bridge.reset_connection()
         assert process.stop() == 0
+        use_worker(worker)
     functions = {name for _, _, name in pstats.Stats(str(tmp_path / "worker.prof")).stats}
     assert "_op_fit" in functions
