@@ -23,7 +23,6 @@ import json
 import os
 import platform
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -38,6 +37,7 @@ from sklearn.model_selection import GridSearchCV, cross_val_score
 from sklearn.pipeline import Pipeline
 
 import sklearn_gpu_bridge
+from sklearn_gpu_bridge.launch import LaunchedWorker
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -153,23 +153,11 @@ def timed(run, repeats):
     return {"median": float(np.median(times)), "min": float(min(times)), "n": len(times), "times": times}
 
 
-class WorkerProcess:
-    """A worker subprocess in a temp folder; records how long it took to be ready."""
+class WorkerProcess(LaunchedWorker):
+    """A worker in a temp folder (launch.LaunchedWorker): how long it took to be ready, its memory."""
 
     def __init__(self, backend):
-        self.folder = Path(tempfile.mkdtemp(prefix="sgb-e2e-"))
-        self.connection_file = self.folder / "worker.json"
-        start = time.perf_counter()
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "sklearn_gpu_bridge.worker", "--backend", backend,
-             "--connection-file", str(self.connection_file), "--log-level", "WARNING"],
-            cwd=self.folder, stdout=open(self.folder / "worker.log", "wb"), stderr=subprocess.STDOUT,
-        )
-        while not self.connection_file.exists():
-            if self.process.poll() is not None:
-                raise RuntimeError((self.folder / "worker.log").read_text())
-            time.sleep(0.02)
-        self.ready_seconds = time.perf_counter() - start
+        super().__init__(tempfile.mkdtemp(prefix="sgb-e2e-"), backend=backend, log_level="WARNING")
 
     def rss_mb(self):
         for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
@@ -190,11 +178,7 @@ class WorkerProcess:
         return 0.0
 
     def stop(self):
-        self.process.send_signal(signal.SIGINT)
-        try:
-            self.process.wait(15)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
+        super().stop(wait=15)
         shutil.rmtree(self.folder, ignore_errors=True)
 
 

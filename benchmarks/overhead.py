@@ -32,7 +32,6 @@ import json
 import os
 import platform
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -44,6 +43,7 @@ from pathlib import Path
 import numpy as np
 
 import sklearn_gpu_bridge
+from sklearn_gpu_bridge.launch import LaunchedWorker
 from sklearn_gpu_bridge import parallel
 from sklearn_gpu_bridge.protocol import INLINE_MAX
 
@@ -60,46 +60,16 @@ RESULTS = Path(__file__).resolve().parent / "results"
 # ---------------------------------------------------------------- the worker
 
 
-class WorkerProcess:
-    """``python -m sklearn_gpu_bridge.worker`` in a temp folder; ready once its connection file exists."""
+class WorkerProcess(LaunchedWorker):
+    """A worker in a temp folder (launch.LaunchedWorker); the folder goes when it stops."""
 
     def __init__(self, backend, startup_timeout):
-        self.folder = Path(tempfile.mkdtemp(prefix="sgb-bench-"))
-        self.connection_file = self.folder / "worker.json"
-        self.log_file = self.folder / "worker.log"
-        command = [
-            sys.executable, "-m", "sklearn_gpu_bridge.worker", "--backend", backend,
-            "--connection-file", str(self.connection_file), "--parent-pid", str(os.getpid()),
-            "--log-level", "WARNING",
-        ]
-        started = time.perf_counter()
-        with open(self.log_file, "wb") as log:
-            # cwd: a checkout's root would put its own sklearn_gpu_bridge/ (without worker/) first on the path
-            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL, cwd=self.folder)
-        deadline = time.monotonic() + startup_timeout
-        while not self.connection_file.exists():
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"the worker did not start within {startup_timeout:.0f} s:\n{self.log_tail()}")
-            time.sleep(0.05)
-        self.startup_seconds = time.perf_counter() - started
-
-    def log_tail(self, chars=4000):
-        try:
-            return self.log_file.read_text(errors="replace")[-chars:]
-        except OSError:
-            return ""
+        super().__init__(tempfile.mkdtemp(prefix="sgb-bench-"), backend=backend, timeout=startup_timeout,
+                         parent_pid=os.getpid(), log_level="WARNING")
+        self.startup_seconds = self.ready_seconds
 
     def stop(self):
-        """SIGINT (a clean stop), SIGKILL if it has not gone within 10 s; then remove the folder."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        super().stop()
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
@@ -281,7 +251,7 @@ def measure_transport(connection_file, transports, args):
 
 def measure_memcpy(args):
     """Copies there and back (like a round trip) between two touched buffers: numpy's one-thread
-    ``np.copyto`` against the bridge's ``copy_bytes`` (parallel chunks for large arrays)."""
+    ``np.copyto`` against the bridge's ``copy_into`` (parallel chunks for large arrays)."""
     results = []
     for n in TRANSPORT_MB:
         a = np.ones(n * MB // 4, DTYPE)
@@ -289,7 +259,7 @@ def measure_memcpy(args):
         a_bytes, b_bytes = a.view(np.uint8), b.view(np.uint8)
         repeats = args.large_repeats if n * MB > 10 * MB else args.repeats
         row = {"size": f"{n} MB", "bytes": a.nbytes, "threads": parallel.THREADS}
-        for name, copy in (("np_copyto", np.copyto), ("copy_bytes", parallel.copy_bytes)):
+        for name, copy in (("np_copyto", np.copyto), ("copy_into", parallel.copy_into)):
             def both_ways(copy=copy):
                 copy(b_bytes, a_bytes)
                 copy(a_bytes, b_bytes)
@@ -382,7 +352,7 @@ def print_report(report):
             continue
         print(f"  {e['size']:8s} {e['path']:7s}  {ms(e['median'])}  {e['mb_per_s']:9.0f}   {e['observed']}")
     for e in report["memcpy"]:
-        for name in ("np_copyto", "copy_bytes"):
+        for name in ("np_copyto", "copy_into"):
             print(f"  {e['size']:8s} {name:10s} {ms(e[name]['median'])}  {e[name]['mb_per_s']:9.0f}")
     print("\ntargets")
     for name, t in report["targets"].items():
@@ -426,7 +396,7 @@ def main(argv=None):
     worker = WorkerProcess(args.backend, args.startup_timeout)
     try:
         conn = use_transport(worker.connection_file, "pool")
-        backend = conn.hello["backend"]
+        backend = conn.capabilities.backend
         status = conn.status()
         print(f"worker ready in {worker.startup_seconds:.1f} s: backend {backend}, "
               f"pool {'on' if conn.pool is not None else 'off (frames)'}", flush=True)
@@ -437,8 +407,8 @@ def main(argv=None):
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "machine": machine_info(status.get("versions", {}), local_versions),
             "backend": {"requested": args.backend, "worker": backend,
-                        "fallback_reason": conn.hello.get("fallback_reason"),
-                        "float_dtype": conn.hello.get("float_dtype")},
+                        "fallback_reason": conn.capabilities.fallback_reason,
+                        "float_dtype": conn.capabilities.float_dtype},
             "params": {
                 "repeats": args.repeats, "large_repeats": args.large_repeats, "warmup": args.warmup,
                 "transports": args.transports, "dtype": np.dtype(DTYPE).name, "inline_max": INLINE_MAX,
@@ -457,7 +427,7 @@ def main(argv=None):
         report["targets"] = targets(report["fit_transform"])
         report["params"]["total_s"] = time.perf_counter() - started
     except BaseException:
-        print(f"worker log:\n{worker.log_tail()}", file=sys.stderr)
+        print(f"worker log:\n{worker.log()[-4000:]}", file=sys.stderr)
         raise
     finally:
         sklearn_gpu_bridge.reset_connection()

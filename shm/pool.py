@@ -1,8 +1,9 @@
 """A slotted, file-backed shared-memory pool for bulk arrays.
 
-The client owns the pool: it creates segment files (sparse, owner-only), leases
-runs of slots to requests and frees them when the reply has been read. The
-worker attaches the same files by name and reads or writes byte ranges that it
+The client owns the pool: it creates segment files (sparse, owner-only) and
+hands out *blocks* (runs of 1 MiB slots) to requests, which hold them until
+the reply has been read (or, for a result, until the array dies). The worker
+attaches the same files by name and reads or writes byte ranges that it
 validates against the segment's size. Nothing here knows about arrays: the
 protocol turns byte ranges into arrays.
 
@@ -21,8 +22,9 @@ import threading
 import weakref
 
 from sklearn_gpu_bridge.errors import ProtocolError
+from sklearn_gpu_bridge.host import pid_alive
 
-SLOT_SIZE = 1 << 20  # 1 MiB: the unit of leasing
+SLOT_SIZE = 1 << 20  # 1 MiB: the unit a block is made of
 SEGMENT_SLOTS = 64  # a new segment holds at least 64 slots (64 MiB, sparse)
 PREFIX = "sgb-pool"
 _NAME_RE = re.compile(rf"^{PREFIX}-(\d+)-([0-9a-f]{{16}})$")
@@ -39,28 +41,6 @@ def default_directory():
     if sys.platform.startswith("linux") and os.path.isdir(shm) and os.access(shm, os.W_OK):
         return shm
     return tempfile.gettempdir()
-
-
-def pid_alive(pid):
-    """Whether a process with this pid exists (without signalling it)."""
-    if sys.platform == "win32":  # os.kill(pid, 0) would TERMINATE the process on Windows
-        import ctypes
-
-        kernel32 = ctypes.windll.kernel32
-        handle = kernel32.OpenProcess(0x1000, False, pid)  # PROCESS_QUERY_LIMITED_INFORMATION
-        if not handle:
-            return False
-        code = ctypes.c_ulong()
-        kernel32.GetExitCodeProcess(handle, ctypes.byref(code))
-        kernel32.CloseHandle(handle)
-        return code.value == 259  # STILL_ACTIVE
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def remove_orphans(directory):
@@ -91,7 +71,7 @@ def _unlink_all(paths, owner_pid):
             pass
 
 
-class Lease:
+class Block:
     """A run of slots held by one request (or one result array) until released."""
 
     __slots__ = ("_pool", "segment", "start", "count", "__weakref__")
@@ -108,7 +88,7 @@ class Lease:
         return self.count * self._pool.slot_size
 
     def buffer(self):
-        """A writable memoryview of the whole lease (no copy)."""
+        """A writable memoryview of the whole block (no copy)."""
         return self._pool._segments[self.segment].view[self.offset : self.offset + self.nbytes]
 
     def shrink(self, nbytes):
@@ -137,7 +117,7 @@ class _Segment:
 
 
 class Pool:
-    """The client's pool: segments of slots, leased per request under a lock."""
+    """The client's pool: segments of slots, handed out as blocks under a lock."""
 
     def __init__(self, directory=None, slot_size=SLOT_SIZE, segment_slots=SEGMENT_SLOTS):
         self.directory = directory or default_directory()
@@ -145,24 +125,24 @@ class Pool:
         self.segment_slots = segment_slots
         self.name = f"{PREFIX}-{os.getpid()}-{secrets.token_hex(8)}"
         self._segments = []
-        self._used = []  # one bytearray per segment: 1 = slot leased
+        self._used = []  # one bytearray per segment: 1 = slot in a block
         self._paths = []
         self._lock = threading.Lock()
         self._finalizer = weakref.finalize(self, _unlink_all, self._paths, os.getpid())
         remove_orphans(self.directory)
 
-    def lease(self, nbytes):
-        """Lease enough contiguous slots for ``nbytes``; grows the pool if needed."""
+    def allocate(self, nbytes):
+        """A block of enough contiguous slots for ``nbytes``; grows the pool if needed."""
         count = max(1, -(-nbytes // self.slot_size))
         with self._lock:
             for index, used in enumerate(self._used):
                 start = _find_run(used, count)
                 if start is not None:
                     used[start : start + count] = b"\x01" * count
-                    return Lease(self, index, start, count)
+                    return Block(self, index, start, count)
             index = self._add_segment(max(count, self.segment_slots))
             self._used[index][:count] = b"\x01" * count
-            return Lease(self, index, 0, count)
+            return Block(self, index, 0, count)
 
     def _add_segment(self, slots):
         index = len(self._segments)
@@ -177,8 +157,8 @@ class Pool:
             self._used[segment][start : start + count] = bytes(count)
 
     @property
-    def leased_slots(self):
-        """How many slots are leased now (0 when every request has finished)."""
+    def slots_in_use(self):
+        """How many slots blocks hold now (0 when every request has finished)."""
         with self._lock:
             return sum(sum(used) for used in self._used)
 

@@ -1,21 +1,49 @@
-"""sklearn-gpu-bridge: scikit-learn estimators that run on cuML in a worker process."""
+"""sklearn-gpu-bridge: scikit-learn estimators that run on cuML in a worker process.
+
+Importing the package is cheap: the settings and errors load now; the
+``GPU*`` wrappers (and with them scikit-learn and ZeroMQ) load on first use.
+"""
 
 __version__ = "0.1.0"
 
-from .client import get_connection, reset_connection  # noqa: E402
 from .config import config_context, get_config, set_config  # noqa: E402
 from .errors import (  # noqa: E402
     BridgeError,
+    ConfigurationError,
     ProtocolError,
     RemoteError,
     VersionMismatch,
     WorkerLost,
     WorkerUnavailable,
 )
-from .estimators import *  # noqa: E402,F403  (the GPU* classes: estimators.__all__)
-from .estimators import __all__ as _estimators
+
+_FROM_CLIENT = ("get_connection", "reset_connection")
+
+
+def _wrappers():
+    from .estimators import __all__ as names
+
+    return names
+
+
+def __getattr__(name):
+    if name in _FROM_CLIENT:
+        from . import client
+
+        return getattr(client, name)
+    if name.startswith("GPU"):
+        from . import estimators
+
+        return getattr(estimators, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))
+
 
 __all__ = [
-    "BridgeError", "ProtocolError", "RemoteError", "VersionMismatch", "WorkerLost", "WorkerUnavailable",
-    "config_context", "get_config", "get_connection", "reset_connection", "set_config", *_estimators,
+    "BridgeError", "ConfigurationError", "ProtocolError", "RemoteError", "VersionMismatch", "WorkerLost",
+    "WorkerUnavailable", "config_context", "get_config", "get_connection", "reset_connection", "set_config",
+    *_wrappers(),
 ]

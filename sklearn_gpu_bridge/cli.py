@@ -1,75 +1,75 @@
 """The ``sklearn-gpu-bridge`` command line (only the CLI; the work lives elsewhere).
 
 Every option can also come from an environment variable
-``SKLEARN_GPU_BRIDGE_<COMMAND>_<OPTION>`` (click's ``auto_envvar_prefix``).
+``SKLEARN_GPU_BRIDGE_<COMMAND>_<OPTION>`` (click's ``auto_envvar_prefix``);
+the worker's options are read from ``SKLEARN_GPU_BRIDGE_WORKER_<OPTION>``
+however it is started. Defaults come from :mod:`.config`.
 """
 
 import logging
 
 import click
 
+from .config import ENV_PREFIX, WORKER_DEFAULTS
 from .connect import default_connection_file
-from .worker import Worker, make_backend
 
-ENVVAR_PREFIX = "SKLEARN_GPU_BRIDGE"
+ENVVAR_PREFIX = ENV_PREFIX.rstrip("_")
+LOG_LEVELS = click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"])
+BACKENDS = click.Choice(["auto", "cuml", "sklearn"])
 
 
-@click.group(context_settings={"auto_envvar_prefix": ENVVAR_PREFIX, "show_default": True})
+@click.group(context_settings={"auto_envvar_prefix": ENVVAR_PREFIX, "show_default": True, "max_content_width": 120})
 @click.version_option(package_name="sklearn-gpu-bridge")
 def main():
     """scikit-learn estimators that run on cuML in a worker process."""
 
 
+W = WORKER_DEFAULTS
+
+
 @main.command()
-@click.option("--bind", default="127.0.0.1",
+@click.option("--bind", default=W["bind"],
               help="Address to listen on. Anything but loopback needs --curve-secret-key (CurveZMQ encryption).")
-@click.option("--port", default=0, type=click.IntRange(0, 65535), help="TCP port; 0 picks a free one.")
-@click.option("--backend", default="auto", type=click.Choice(["auto", "cuml", "sklearn"]),
+@click.option("--port", default=W["port"], type=click.IntRange(0, 65535), help="TCP port; 0 picks a free one.")
+@click.option("--backend", default=W["backend"], type=BACKENDS,
               help="auto: cuML when importable, otherwise scikit-learn on CPU.")
 @click.option("--connection-file", type=click.Path(dir_okay=False), default=str(default_connection_file()),
               help="Where to write address and key (mode 0600) once ready.")
-@click.option("--threads", default=1, type=click.IntRange(1), help="Estimator calls run at once.")
+@click.option("--threads", default=W["threads"], type=click.IntRange(1), help="Estimator calls run at once.")
 @click.option("--parent-pid", type=int, default=None, hidden=True,
               help="Stop when this process dies (used by the local worker).")
 @click.option("--pool-dir", "pool_dirs", multiple=True, type=click.Path(file_okay=False),
               help="Folder where clients' shared-memory pools may be found (repeatable). "
                    "Default: /dev/shm and the temp folder.")
-@click.option("--curve-secret-key", type=click.Path(dir_okay=False), default=None,
+@click.option("--curve-secret-key", type=click.Path(dir_okay=False), default=W["curve_secret_key"],
               help="CurveZMQ secret key file (owner-only) made by `sklearn-gpu-bridge keys`: encrypts "
                    "all traffic. Required to bind anything but loopback.")
-@click.option("--key-file", type=click.Path(dir_okay=False), default=None,
-              help="File holding the signing key in hex (at least 128 bits). Default: a fresh random key.")
-@click.option("--client-timeout", default=600.0, type=click.FloatRange(0),
+@click.option("--key-file", type=click.Path(dir_okay=False), default=W["key_file"],
+              help="File (owner-only) holding the signing key in hex (at least 128 bits). "
+                   "Default: a fresh random key.")
+@click.option("--client-timeout", default=W["client_timeout"], type=click.FloatRange(0),
               help="Seconds of silence after which a client whose process cannot be watched (another "
                    "host) is freed; it pings while idle to stay. 0: never.")
-@click.option("--array-cache-mb", default=1024.0, type=click.FloatRange(0),
+@click.option("--array-cache-mb", default=W["array_cache_mb"], type=click.FloatRange(0),
               help="MiB of arrays kept for clients (all together), so that an array a client sends again "
                    "(GridSearchCV's folds) does not travel again. 0: keep none.")
-@click.option("--log-level", default="INFO", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]))
-def worker(bind, port, backend, connection_file, threads, parent_pid, pool_dirs, curve_secret_key, key_file,
-           client_timeout, array_cache_mb, log_level):
+@click.option("--log-level", default=W["log_level"], type=LOG_LEVELS)
+def worker(backend, connection_file, parent_pid, log_level, **settings):
     """Run a worker in this process until SIGINT, SIGTERM or a shutdown request."""
-    from .worker.server import ConfigurationError
+    from .errors import ConfigurationError
+    from .worker import Worker, check_settings, make_backend
 
     logging.basicConfig(level=log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    key = None
-    if key_file is not None:
-        try:
-            with open(key_file) as f:
-                key = f.read()
-        except OSError as exc:
-            raise click.ClickException(f"cannot read the key file {key_file}: {exc.strerror}") from None
     try:
         # settings are checked before the backend warms up: a refusal comes at once
-        Worker.check_settings(host=bind, key=key, curve_secret_key=curve_secret_key)
+        check_settings(bind=settings["bind"], key_file=settings["key_file"],
+                       curve_secret_key=settings["curve_secret_key"])
         chosen, reason = make_backend(backend)
         if reason:
             logging.getLogger("sklearn_gpu_bridge.worker").warning("falling back to scikit-learn: %s", reason)
-        server = Worker(chosen, host=bind, port=port, connection_file=connection_file, threads=threads,
-                        parent_pid=parent_pid, fallback_reason=reason, pool_dirs=pool_dirs, key=key,
-                        curve_secret_key=curve_secret_key, client_timeout=client_timeout,
-                        array_cache_bytes=int(array_cache_mb * (1 << 20)))
-    except ConfigurationError as exc:
+        server = Worker(chosen, connection_file=connection_file, parent_pid=parent_pid, fallback_reason=reason,
+                        **settings)
+    except (ConfigurationError, OSError) as exc:
         raise click.ClickException(str(exc)) from None
     server.start().serve_forever()
 
@@ -84,10 +84,10 @@ def keys(directory, name, force):
     Writes DIRECTORY/NAME.key_secret (owner-only: pass it to `worker --curve-secret-key`)
     and DIRECTORY/NAME.key (the public key; the worker also puts it in its connection file).
     """
-    from .worker.server import make_curve_keys
+    from .keys import make_pair
 
     try:
-        public, secret = make_curve_keys(directory, name, force=force)
+        public, secret = make_pair(directory, name, force=force)
     except FileExistsError as exc:
         raise click.ClickException(f"{exc.filename} exists; pass --force to replace it") from None
     click.echo(f"secret key: {secret}  (mode 0600; give it to: sklearn-gpu-bridge worker --curve-secret-key {secret})")
@@ -135,14 +135,14 @@ def _print_status(result):
 
 
 @main.command()
-@click.option("--backend", default="auto", type=click.Choice(["auto", "cuml", "sklearn"]),
+@click.option("--backend", default=W["backend"], type=BACKENDS,
               help="auto: cuML when importable, otherwise scikit-learn on CPU.")
 @_connection_file_option
 @click.option("--log-file", type=click.Path(dir_okay=False), default=None,
               help="Where the worker's log goes (appended). Default: next to the connection file, .log.")
-@click.option("--log-level", default="INFO", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]))
-@click.option("--threads", default=1, type=click.IntRange(1), help="Estimator calls run at once.")
-@click.option("--port", default=0, type=click.IntRange(0, 65535), help="TCP port on 127.0.0.1; 0 picks a free one.")
+@click.option("--log-level", default=W["log_level"], type=LOG_LEVELS)
+@click.option("--threads", default=W["threads"], type=click.IntRange(1), help="Estimator calls run at once.")
+@click.option("--port", default=W["port"], type=click.IntRange(0, 65535), help="TCP port on 127.0.0.1; 0 picks a free one.")
 @click.option("--pool-dir", "pool_dirs", multiple=True, type=click.Path(file_okay=False),
               help="Extra folder where the worker finds clients' pools (repeatable).")
 @_wsl_options
@@ -240,8 +240,8 @@ def autostart():
 @autostart.command("install")
 @click.option("--distro", default=None, help="WSL distribution. Default: the setting wsl_distro, else WSL's default.")
 @click.option("--python", default=None, help="The worker's Python inside WSL. Default: the setting wsl_python.")
-@click.option("--backend", default="auto", type=click.Choice(["auto", "cuml", "sklearn"]))
-@click.option("--log-level", default="INFO", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]))
+@click.option("--backend", default=W["backend"], type=BACKENDS)
+@click.option("--log-level", default=W["log_level"], type=LOG_LEVELS)
 def autostart_install(distro, python, backend, log_level):
     """Add `sklearn-gpu-bridge start --wsl ...` to the current user's Run key (HKCU)."""
     import sys

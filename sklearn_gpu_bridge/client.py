@@ -1,9 +1,12 @@
-"""The client: one connection per process to one worker.
+"""The client: a connection to one worker, and the process's own connection.
 
-Each thread gets its own DEALER socket; the process has one shared-memory
-pool and one list of handles waiting to be released. A forked or spawned
-child (joblib's workers) opens its own connection to the SAME worker: it
-finds it through the environment variable that names the connection file.
+A :class:`Connection` places what the estimators ask for: it casts and
+encodes their arrays (into pool blocks, inline, or as frames), sizes room for
+the reply's arrays, signs, sends, waits, and decodes. Each thread gets its own
+DEALER socket; the connection has one shared-memory pool and one list of
+handles waiting to be released. A forked or spawned child (joblib's workers)
+opens its own connection to the SAME worker: it finds it through the
+environment variable that names the connection file.
 
 While a call waits, the client watches three things and raises
 :class:`WorkerLost` on the first that fails: the TCP connection (a worker
@@ -16,7 +19,6 @@ long fit still answers pings, so it is never mistaken for a dead one.
 """
 
 import atexit
-import importlib
 import logging
 import os
 import subprocess
@@ -25,56 +27,42 @@ import time
 import warnings
 import weakref
 from collections import Counter, deque
+from dataclasses import dataclass
 
+import cloudpickle
 import numpy as np
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from .config import ENV_PREFIX, get_config
+from .config import DEFAULTS, ENV_CONNECTION_FILE, get_config
 from .connect import default_connection_file, read_connection_file
+from .errors import CacheMiss, ProtocolError, VersionMismatch, WorkerLost, WorkerUnavailable, rebuild, warning_class
 from .local_worker import ensure_local_worker, is_local_connection_file
-from .errors import (
-    CacheMiss,
-    ProtocolError,
-    RemoteError,
-    RemoteTraceback,
-    VersionMismatch,
-    WorkerLost,
-    WorkerUnavailable,
+from .protocol import (
+    INLINE_MAX,
+    PROTOCOL_VERSION,
+    AsDtype,
+    Capabilities,
+    Decoder,
+    Encoder,
+    KnownArrays,
+    Session,
+    new_id,
+    to_plain,
 )
-from .protocol import INLINE_MAX, PROTOCOL_VERSION, BoundedLRU, Decoder, Encoder, Session, new_id
 from .shm import Pool
+from .transport_choice import client_transport
 
 log = logging.getLogger(__name__)
 
-ENV_CONNECTION_FILE = ENV_PREFIX + "CONNECTION_FILE"
 HELLO_TIMEOUT = 10.0
 POLL_SECONDS = 0.5  # a waiting call wakes up at least this often, and pings the worker this often
 ARRAY_CACHE_MODES = ("auto", "on", "off")
+ALIGN = 64  # reply arrays start on this boundary inside the output block
 
 
 def start_hint(path="PATH"):
     return f"start one with:  sklearn-gpu-bridge worker --connection-file {path}"
-
-
-# Remote exceptions are rebuilt only from these modules; others become RemoteError.
-SAFE_ERROR_MODULES = frozenset({
-    "builtins", "sklearn.exceptions", "sklearn_gpu_bridge.errors", "numpy.linalg", "numpy.exceptions",
-})
-
-
-def _signing_key(info, path):
-    """The connection file's key as bytes; an empty or unreadable key is refused."""
-    try:
-        key = bytes.fromhex(info.key or "")
-    except (TypeError, ValueError):
-        raise ProtocolError(f"the key in the connection file {path} is not hex") from None
-    if not key:
-        raise ProtocolError(
-            f"the connection file {path} holds an empty key, which would turn message signing off; "
-            f"refusing it. {start_hint(path)}"
-        )
-    return key
 
 
 def _dealer(info, connect=True):
@@ -133,21 +121,13 @@ class _Link:
                 sock.close(linger=0)
 
 
-class KnownArrays(BoundedLRU):
-    """The keys of the arrays that the worker keeps for this connection, as far as the client knows.
+@dataclass
+class Fitted:
+    """What a fit request gives back."""
 
-    Kept in the worker's order and within its byte bound, so that for a lone
-    client it is what the worker holds. Where it is not (other clients filled
-    the worker's cache, a worker restarted behind the same address), the
-    worker answers CacheMiss and the request goes again in full.
-    """
-
-    def __init__(self, max_bytes, min_bytes):
-        super().__init__(max_bytes)
-        self.min_bytes = min_bytes
-
-    def holds(self, key):
-        return self.get(key) is not None
+    handle: int
+    result: object  #: the method's result (fit_transform's X', fit_predict's labels), None for fit
+    dropped: list  #: parameters the worker's class does not take
 
 
 class Connection:
@@ -155,32 +135,32 @@ class Connection:
 
     ``array_cache`` (auto | on | off): arrays of at least ``cache_min_bytes``
     are named by a fingerprint of their content, and one the worker already
-    keeps is sent as its key alone (see :class:`KnownArrays`). ``auto`` turns it
-    on only when arrays travel as frames. Measured on a 2-core x86 VM, 50 MB::
+    keeps is sent as its key alone (see :class:`protocol.KnownArrays`). ``auto``
+    turns it on only when arrays travel as frames. Measured on a 2-core x86 VM, 50 MB::
 
         python -c "import hashlib,timeit,numpy as np; a=np.ones(50_000_000,np.uint8); b=a.copy(); \
           print(timeit.timeit(lambda: hashlib.blake2b(memoryview(a),digest_size=16).digest(),number=5)/5, \
                 timeit.timeit(lambda: np.copyto(b,a),number=5)/5)"
 
     blake2b 40 to 44 ms (1.2 GB/s), np.copyto 2.6 ms (19 GB/s). With the pool
-    (one memcpy into a slot) hashing costs 15 times what it saves. A frame
+    (one memcpy into a block) hashing costs 15 times what it saves. A frame
     crosses a network stack on each side: over TCP loopback on that VM, a
     repeated 50 MB fit took the same with and without the cache (100-120 ms);
     over a real network or WSL's forwarding, each repeat saves its transfer.
     """
 
-    def __init__(self, info, *, connection_file=None, pool="auto", pool_directory=None,
-                 heartbeat_timeout=2.0, process=None, array_cache="off", cache_min_bytes=1 << 20):
+    def __init__(self, info, *, connection_file=None, pool=DEFAULTS["pool"], pool_directory=None,
+                 heartbeat_timeout=DEFAULTS["heartbeat_timeout"], process=None,
+                 array_cache=DEFAULTS["array_cache"], cache_min_bytes=DEFAULTS["cache_min_bytes"]):
         if array_cache not in ARRAY_CACHE_MODES:
             raise ValueError(f"array_cache must be one of {', '.join(ARRAY_CACHE_MODES)}, not {array_cache!r}")
         self.info = info
         self.connection_file = connection_file or "PATH"
-        key = _signing_key(info, self.connection_file)
         self.pid = os.getpid()
         self.client_id = new_id()
         self.process = process  # the local worker's Popen, to notice its death at once
         self.heartbeat_timeout = heartbeat_timeout
-        self.session = Session(key)
+        self.session = Session(info.key_bytes)
         self.stats = Counter()  # arrays sent/received per path (inline, pool, frame, cached); cache_hits ...
         self._stats_lock = threading.Lock()
         self.closed = False
@@ -192,20 +172,17 @@ class Connection:
         self._stop_keepalive = threading.Event()
         self.pool = Pool(pool_directory) if pool != "off" else None
         try:
-            self.hello = self._hello()
+            self.capabilities = self._hello()
         except BaseException:
             self._close_sockets()
             raise
-        if self.hello.get("client_timeout"):
-            self._start_keepalive(float(self.hello["client_timeout"]))
-        capacity = self.hello.get("array_cache") or 0
+        if self.capabilities.client_timeout:
+            self._start_keepalive(float(self.capabilities.client_timeout))
+        capacity = self.capabilities.array_cache
         wanted = array_cache == "on" or (array_cache == "auto" and self.pool is None)
         self.cache = KnownArrays(capacity, cache_min_bytes) if wanted and capacity else None
 
     # ------------------------------------------------------------ sockets
-
-    def _new_socket(self):
-        return _dealer(self.info)
 
     def _link(self):
         link = getattr(self._local, "link", None)
@@ -214,9 +191,6 @@ class Connection:
             with self._sockets_lock:
                 self._links.append(link)
         return link
-
-    def _socket(self):
-        return self._link().socket
 
     def _drop_link(self):
         """Close this thread's sockets (after its worker was lost); a thread closes only its own."""
@@ -261,7 +235,7 @@ class Connection:
         header = {"op": "hello", "protocol_version": PROTOCOL_VERSION, "pid": os.getpid()}
         probe = None
         if self.pool is not None:
-            probe, token = self.pool.lease(16), os.urandom(16)
+            probe, token = self.pool.allocate(16), os.urandom(16)
             probe.buffer()[:16] = token
             header["pool"] = {
                 "name": self.pool.name,
@@ -283,10 +257,11 @@ class Connection:
             raise VersionMismatch(
                 f"worker speaks protocol {reply.get('protocol_version')}, this client {PROTOCOL_VERSION}"
             )
-        if not reply.get("pool") and self.pool is not None:
+        capabilities = Capabilities.from_reply(reply)
+        if not capabilities.pool and self.pool is not None:
             self.pool.close()
             self.pool = None
-        return reply
+        return capabilities
 
     def _roundtrip(self, header, buffers=(), timeout=None):
         """Send one signed request and wait for its reply (or an error)."""
@@ -302,9 +277,9 @@ class Connection:
         reply, reply_buffers = self._await(link, header["id"], timeout, header["op"])
         self._local.timing = (sent, time.monotonic(), reply.get("worker_span"))
         if reply["op"] == "error":
-            raise rebuild_error(reply)
+            raise rebuild(reply)
         for module, category, message in reply.get("warnings", ()):
-            warnings.warn(message, _warning_class(module, category), stacklevel=4)
+            warnings.warn(message, warning_class(module, category), stacklevel=4)
         return reply, reply_buffers
 
     def _await(self, link, msg_id, timeout, op):
@@ -348,8 +323,12 @@ class Connection:
                 pinger = link.ping_socket()
                 if pinger not in dict(poller.sockets):
                     poller.register(pinger, zmq.POLLIN)
-                ping_id = new_id()
-                pinger.send_multipart(self.session.pack({"op": "ping", "id": ping_id, "client": self.client_id}))
+                ping_id = self._send_ping(pinger)
+
+    def _send_ping(self, sock):
+        ping_id = new_id()
+        sock.send_multipart(self.session.pack({"op": "ping", "id": ping_id, "client": self.client_id}))
+        return ping_id
 
     def _receive(self, sock):
         """(header, buffers) of the next message on ``sock``, or None if it is refused."""
@@ -362,30 +341,26 @@ class Connection:
 
     def ping(self, timeout=2.0):
         """True if the worker answers a ping within ``timeout`` seconds (busy or not)."""
-        sock = self._new_socket()
+        sock = _dealer(self.info)
         try:
-            msg_id = new_id()
-            sock.send_multipart(self.session.pack({"op": "ping", "id": msg_id, "client": self.client_id}))
+            ping_id = self._send_ping(sock)
             deadline = time.monotonic() + timeout
             while (left := deadline - time.monotonic()) > 0:
                 if not sock.poll(left * 1000):
                     return False
-                try:
-                    reply, _ = self.session.unpack(sock.recv_multipart())
-                except ProtocolError:
-                    continue
-                if reply.get("parent") == msg_id:
+                pong = self._receive(sock)
+                if pong is not None and pong[0].get("parent") == ping_id:
                     return True
             return False
         finally:
             sock.close(linger=0)
 
     def request(self, header, payload=None, *, blobs=None, out_nbytes=0):
-        """A round trip carrying arrays: pool slots are leased for the request's lifetime.
+        """A round trip carrying arrays: pool blocks are held for the request's lifetime.
 
-        ``out_nbytes`` reserves room in the pool for the reply's arrays; the
-        slots that results occupy stay leased until those arrays are freed.
-        Returns (reply header, decoded payload, reply buffers).
+        ``out_nbytes`` reserves a block for the reply's arrays; the part that
+        results occupy stays held until those arrays are freed. Returns
+        (reply header, decoded payload, reply buffers).
 
         Arrays the worker keeps go as their key alone; if it no longer holds
         one (CacheMiss), the request is sent once more with every array in full.
@@ -398,42 +373,40 @@ class Connection:
             return self._request(header, payload, blobs, out_nbytes, reuse=False)
 
     def _request(self, header, payload, blobs, out_nbytes, reuse):
-        leases = []
+        blocks = []
         place = None
         if self.pool is not None:
             header["pool"] = self.pool.name
 
             def place(nbytes):
-                lease = self.pool.lease(nbytes)
-                leases.append(lease)
-                return lease.segment, lease.offset, lease.buffer()
+                block = self.pool.allocate(nbytes)
+                blocks.append(block)
+                return block.segment, block.offset, block.buffer()
 
-        encoder = Encoder(place, cache=self.cache, reuse=reuse)
-        if payload is not None:
-            header["payload"] = encoder.encode(payload)
-        for name, blob in (blobs or {}).items():
-            header[name] = encoder.blob(blob)
-        header["arrays"] = encoder.arrays
         out = None
-        if self.pool is not None and out_nbytes > INLINE_MAX:
-            out = self.pool.lease(out_nbytes)
-            header["out"] = {"segment": out.segment, "offset": out.offset, "nbytes": out.nbytes}
-        self._count("sent_", encoder.counts)
         try:
+            encoder = Encoder(place, cache=self.cache, reuse=reuse)
+            if payload is not None:
+                header["payload"] = encoder.encode(payload)
+            for name, blob in (blobs or {}).items():
+                header[name] = encoder.blob(blob)
+            header["arrays"] = encoder.arrays
+            if self.pool is not None and out_nbytes > INLINE_MAX:
+                out = self.pool.allocate(out_nbytes)
+                header["out"] = {"segment": out.segment, "offset": out.offset, "nbytes": out.nbytes}
+            self._count("sent_", encoder.counts)
             reply, buffers = self._roundtrip(header, encoder.buffers)
         except WorkerLost:
-            raise  # the lost worker may still write: its slots are never reused
+            raise  # the lost worker may still write: its blocks are never reused
         except BaseException as exc:
-            for lease in leases:
-                lease.release()
-            if out is not None:
-                out.release()
+            for block in blocks + ([out] if out is not None else []):
+                block.release()
             if isinstance(exc, CacheMiss) and encoder.reused:
                 for key, _ in encoder.reused:
                     self.cache.pop(key)
             raise
-        for lease in leases:
-            lease.release()
+        for block in blocks:
+            block.release()
         if encoder.reused or encoder.offered:
             kept = set(reply.get("cache_kept") or ())
             for key, nbytes in encoder.offered:
@@ -441,7 +414,7 @@ class Connection:
                     self.cache.put(key, True, nbytes)
             self._count("cache_", {"hits": len(encoder.reused),
                                    "bytes_saved": sum(nbytes for _, nbytes in encoder.reused)})
-        decoder = Decoder(reply, buffers, read_pool=_OutputReader(out), writeable=True)
+        decoder = Decoder(reply, buffers, read_pool=_OutputBlock(out), writeable=True)
         value = decoder.decode(reply.get("payload"))
         self._count("received_", decoder.counts)
         return reply, value, buffers
@@ -451,17 +424,55 @@ class Connection:
             for where, n in counts.items():
                 self.stats[prefix + where] += n
 
+    # ------------------------------------------------------------ what is sent
+
+    def _features(self, args):
+        """``args`` with X (the first) as it travels.
+
+        float64 is cast to the worker's float dtype on its way (cuML: float32);
+        strings and objects (categories) go as nested lists of plain values.
+        """
+        X = args[0] if args else None
+        if not isinstance(X, np.ndarray):
+            return list(args)
+        if X.dtype.kind in "OUS":
+            try:
+                return [to_plain(X.tolist()), *args[1:]]
+            except TypeError as exc:
+                raise TypeError(f"values of type {exc} cannot be sent to the worker") from None
+        float_dtype = self.capabilities.float_dtype
+        if float_dtype and X.dtype == np.float64:
+            return [AsDtype(X, float_dtype), *args[1:]]
+        return list(args)
+
+    def _out_nbytes(self, args, n_classes):
+        """Room for the reply's arrays: one row per sample, as wide as X or the class scores."""
+        X = args[0] if args else None
+        if not isinstance(X, np.ndarray) or X.ndim == 0:
+            return 0
+        width = max(X.shape[1] if X.ndim > 1 else 1, n_classes * max(n_classes - 1, 1) // 2, n_classes, 2)
+        return X.shape[0] * width * 8
+
     # ------------------------------------------------------------ operations
 
-    def fit(self, estimator, params, method, args, kwargs, *, params_blob=None, out_nbytes=0):
-        header = {"op": "fit", "estimator": estimator, "method": method, "params": params}
-        blobs = {"params": params_blob} if params_blob is not None else None
-        _, value, _ = self.request(header, {"args": args, "kwargs": kwargs}, blobs=blobs, out_nbytes=out_nbytes)
-        return value
+    def fit(self, estimator, params, method, args, kwargs):
+        """Build ``estimator`` with ``params`` on the worker and run ``method``; a :class:`Fitted`."""
+        header = {"op": "fit", "estimator": estimator, "method": method}
+        blobs = None
+        try:
+            header["params"] = to_plain(params)
+        except TypeError:  # a value that is not plain (a callable, an object): cloudpickle
+            blobs = {"params": cloudpickle.dumps(params)}
+        out_nbytes = 0 if method in ("fit", "partial_fit") else self._out_nbytes(args, 0)
+        _, value, _ = self.request(header, {"args": self._features(args), "kwargs": kwargs}, blobs=blobs,
+                                   out_nbytes=out_nbytes)
+        return Fitted(value["handle"], value["result"], value.get("dropped") or [])
 
-    def call(self, handle, method, args, kwargs, *, out_nbytes=0):
+    def call(self, handle, method, args, kwargs, *, n_classes=0):
+        """``method(*args, **kwargs)`` on the fitted estimator ``handle``; its result."""
         header = {"op": "call", "handle": handle, "method": method}
-        _, value, _ = self.request(header, {"args": args, "kwargs": kwargs}, out_nbytes=out_nbytes)
+        payload = {"args": self._features(args), "kwargs": kwargs}
+        _, value, _ = self.request(header, payload, out_nbytes=self._out_nbytes(args, n_classes))
         return value["result"]
 
     def attribute(self, handle, name):
@@ -472,17 +483,19 @@ class Connection:
     def echo(self, *arrays, out_nbytes=None):
         """Send arrays to the worker and get them back (tests and benchmarks of the transport)."""
         if out_nbytes is None:
-            out_nbytes = sum(a.nbytes for a in arrays) + 64 * len(arrays)
+            out_nbytes = sum(a.nbytes for a in arrays) + ALIGN * len(arrays)
         _, value, _ = self.request({"op": "echo"}, {"args": list(arrays), "kwargs": {}}, out_nbytes=out_nbytes)
         return value["result"]
 
     def get_state(self, handle):
+        """(format, backend, blob) of a fitted estimator."""
         reply, buffers = self._roundtrip({"op": "get_state", "handle": handle})
         if len(buffers) != 1:
             raise ProtocolError("a state reply carries exactly one blob")
         return reply["format"], reply["backend"], buffers[0].bytes
 
     def set_state(self, estimator, fmt, blob):
+        """A handle to a fitted ``estimator`` rebuilt on the worker from its state."""
         header = {"op": "set_state", "estimator": estimator, "format": fmt}
         reply, _, _ = self.request(header, blobs={"state": blob})
         return reply["handle"]
@@ -562,54 +575,23 @@ class Connection:
             self.pool.close()
 
 
-class _OutputReader:
-    """Reads reply arrays from the request's output lease; the lease lives as long as they do."""
+class _OutputBlock:
+    """Reads reply arrays from the request's output block; the block lives as long as they do."""
 
-    def __init__(self, lease):
-        self.lease = lease
-        self.used = 0
-        if lease is not None:
-            self.whole = np.frombuffer(lease.buffer(), np.uint8)
-            weakref.finalize(self.whole, lease.release)
+    def __init__(self, block):
+        self.block = block
+        if block is not None:
+            self.whole = np.frombuffer(block.buffer(), np.uint8)
+            weakref.finalize(self.whole, block.release)
 
     def __call__(self, segment, offset, nbytes):
-        lease = self.lease
-        if lease is None:
-            raise ProtocolError("reply names the pool, but no output room was leased")
-        start = offset - lease.offset if type(offset) is int else -1
-        if segment != lease.segment or start < 0 or start + nbytes > lease.nbytes:
-            raise ProtocolError("reply array lies outside the output room")
+        block = self.block
+        if block is None:
+            raise ProtocolError("reply names the pool, but no output block was given")
+        start = offset - block.offset if type(offset) is int else -1
+        if segment != block.segment or start < 0 or start + nbytes > block.nbytes:
+            raise ProtocolError("reply array lies outside the output block")
         return self.whole[start : start + nbytes].data
-
-
-def _warning_class(module, name):
-    if module in SAFE_ERROR_MODULES:
-        cls = getattr(importlib.import_module(module), name, None)
-        if isinstance(cls, type) and issubclass(cls, Warning):
-            return cls
-    return UserWarning
-
-
-def rebuild_error(reply):
-    """The worker's exception as its own type where that type is safe to build."""
-    mro = reply.get("mro") or [("builtins", "Exception")]
-    message = reply.get("message", "")
-    exc = None
-    for depth, (module, name) in enumerate(mro):
-        if module not in SAFE_ERROR_MODULES:
-            continue
-        cls = getattr(importlib.import_module(module), name, None)
-        if not (isinstance(cls, type) and issubclass(cls, Exception)):
-            continue
-        try:
-            exc = cls(*reply.get("args", ())) if depth == 0 else cls(f"{mro[0][1]}: {message}")
-        except Exception:  # noqa: BLE001 - a type whose constructor wants other arguments
-            continue
-        break
-    if exc is None:
-        exc = RemoteError(f"{mro[0][0]}.{mro[0][1]}: {message}")
-    exc.__cause__ = RemoteTraceback(reply.get("traceback", ""))
-    return exc
 
 
 # ---------------------------------------------------------------- the process's connection
@@ -617,8 +599,6 @@ def rebuild_error(reply):
 _lock = threading.RLock()
 _connection = None
 _warned_fallback = False
-
-
 _exit_hook = None
 
 
@@ -682,12 +662,13 @@ def _connect():
         info = read_connection_file(path)
     except FileNotFoundError:
         raise WorkerUnavailable(f"connection file {path} does not exist; {start_hint(path)}") from None
+    pool, pool_directory, _ = client_transport(path)
     conn = Connection(
-        info, connection_file=path, pool=config["pool"], pool_directory=config["pool_directory"],
+        info, connection_file=path, pool=pool, pool_directory=pool_directory,
         heartbeat_timeout=config["heartbeat_timeout"], process=process,
         array_cache=config["array_cache"], cache_min_bytes=config["cache_min_bytes"],
     )
-    reason = conn.hello.get("fallback_reason")
+    reason = conn.capabilities.fallback_reason
     if reason and not _warned_fallback:
         _warned_fallback = True
         warnings.warn(f"sklearn-gpu-bridge: running on scikit-learn (CPU): {reason}", RuntimeWarning, stacklevel=4)

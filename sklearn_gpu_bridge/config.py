@@ -1,9 +1,15 @@
-"""Client settings, in scikit-learn's style: ``set_config`` / ``config_context``.
+"""Settings, in one table each for the client and the worker.
 
-Every setting can also come from an environment variable named
-``SKLEARN_GPU_BRIDGE_<NAME>`` (upper case); a value set in Python wins. A
-child process started by joblib inherits the environment, which is how it
-finds the same worker as its parent.
+Client settings work as scikit-learn's do: ``set_config`` / ``config_context``
+in Python, else the environment variable ``SKLEARN_GPU_BRIDGE_<NAME>``
+(upper case), else :data:`DEFAULTS`. A child process started by joblib
+inherits the environment, which is how it finds the same worker as its parent.
+
+Worker settings (:data:`WORKER_DEFAULTS`) are the keyword arguments of
+``Worker`` and the options of ``sklearn-gpu-bridge worker`` (the same
+names); every entry point reads them from ``SKLEARN_GPU_BRIDGE_WORKER_<OPTION>``.
+
+Shared by both sides: imports nothing of the package.
 """
 
 import os
@@ -11,6 +17,10 @@ import threading
 from contextlib import contextmanager
 
 ENV_PREFIX = "SKLEARN_GPU_BRIDGE_"
+#: environment prefix of the worker's options, whichever command starts it
+WORKER_ENV_PREFIX = ENV_PREFIX + "WORKER"
+#: the file a process's connection goes to; set for child processes (joblib) to find the same worker
+ENV_CONNECTION_FILE = ENV_PREFIX + "CONNECTION_FILE"
 
 DEFAULTS = {
     # connection file of a running worker; None: the default file, else a local worker
@@ -28,7 +38,7 @@ DEFAULTS = {
     # seconds without an answer to a ping before a worker is declared lost
     "heartbeat_timeout": 3.0,
     # how bulk arrays travel: auto (what `doctor`/`start` measured fastest for the running
-    # worker, else the pool where the worker can map it) | pool | frames (no pool); see transport.py
+    # worker, else the pool where the worker can map it) | pool | frames (no pool); see transport_choice.py
     "transport": "auto",
     # arrays the worker already holds are not sent again (a content fingerprint names them):
     # auto (on when arrays travel as frames; with the pool, a memcpy is cheaper than hashing) | on | off
@@ -47,6 +57,29 @@ DEFAULTS = {
     # when a fitted model's state is copied to the client: "lazy" (first read of a fitted
     # attribute, pickling) or "eager" (right after each fit: models outlive their worker)
     "state_sync": "lazy",
+}
+
+WORKER_DEFAULTS = {
+    # address to listen on; anything but loopback needs curve_secret_key
+    "bind": "127.0.0.1",
+    # TCP port; 0 picks a free one
+    "port": 0,
+    # auto (cuML when importable, else scikit-learn on the CPU) | cuml | sklearn
+    "backend": "auto",
+    # estimator calls run at once
+    "threads": 1,
+    # folders where clients' shared-memory pools may be found (besides /dev/shm and the temp folder)
+    "pool_dirs": (),
+    # CurveZMQ secret key file (owner-only): encrypts all traffic
+    "curve_secret_key": None,
+    # file holding the signing key in hex (owner-only); None: a fresh random key
+    "key_file": None,
+    # seconds of silence after which a client whose process cannot be watched is freed (0: never)
+    "client_timeout": 600.0,
+    # MiB of arrays kept for clients (all together), so that a repeated array travels once
+    "array_cache_mb": 1024.0,
+    # DEBUG | INFO | WARNING | ERROR
+    "log_level": "INFO",
 }
 
 _lock = threading.Lock()
@@ -71,68 +104,26 @@ def _from_env(name, default):
 
 
 def get_config():
-    """The settings in force: Python overrides, then environment, then defaults.
-
-    ``pool`` and ``pool_directory`` are those that ``transport`` implies for
-    the worker in force (see :func:`transport_settings`).
-    """
-    settings, explicit = _raw_config()
-    if settings["transport"] != "auto" or not explicit:
-        settings["pool"], settings["pool_directory"], _ = _resolve_transport(
-            settings, explicit, _connection_file_in_force(settings))
-    return settings
+    """The client settings in force: Python overrides, then environment, then defaults."""
+    with _lock:
+        overrides = dict(_overrides)
+    return {k: overrides[k] if k in overrides else _from_env(k, v) for k, v in DEFAULTS.items()}
 
 
 def get_setting(name):
-    """One setting as :func:`get_config` gives it, without resolving the transport.
-
-    Read on every fit (``state_sync``): get_config() would stat and read the
-    worker's state file each time, a tenth of a millisecond per call.
-    """
-    if name in ("pool", "pool_directory"):
-        return get_config()[name]
+    """One setting as :func:`get_config` gives it (cheap enough for every call)."""
     with _lock:
         if name in _overrides:
             return _overrides[name]
     return _from_env(name, DEFAULTS[name])
 
 
-def transport_settings(connection_file=None):
-    """(pool, pool_directory, reason) that ``transport`` implies for the worker at ``connection_file``.
-
-    ``frames`` turns the pool off; ``pool`` and ``auto`` use what ``doctor`` or
-    ``start`` measured for that worker, unless ``pool`` or ``pool_directory``
-    were set explicitly (in Python or the environment).
-    """
-    settings, explicit = _raw_config()
-    if connection_file is None:
-        connection_file = _connection_file_in_force(settings)
-    return _resolve_transport(settings, explicit, connection_file)
-
-
-def _raw_config():
+def is_explicit(name):
+    """Whether the user set ``name`` (in Python or the environment), rather than leaving the default."""
     with _lock:
-        overrides = dict(_overrides)
-    settings = {k: overrides[k] if k in overrides else _from_env(k, v) for k, v in DEFAULTS.items()}
-    explicit = {k for k in ("pool", "pool_directory") if k in overrides or ENV_PREFIX + k.upper() in os.environ}
-    return settings, explicit
-
-
-def _resolve_transport(settings, explicit, connection_file):
-    from .transport import resolve  # imported here: config is imported by everything
-
-    return resolve(settings["transport"], connection_file, pool=settings["pool"],
-                   pool_directory=settings["pool_directory"], explicit=explicit)
-
-
-def _connection_file_in_force(settings):
-    """The file the client will read: the setting, else the default file if it exists."""
-    if settings["connection_file"] is not None:
-        return settings["connection_file"]
-    from .connect import default_connection_file
-
-    path = default_connection_file()
-    return path if path.exists() else None
+        if name in _overrides:
+            return True
+    return ENV_PREFIX + name.upper() in os.environ
 
 
 def set_config(**settings):

@@ -1,17 +1,24 @@
 """The connection file: where a worker listens and the key that signs messages.
 
 Written by the worker once it is ready, owner-only (0600), atomically, so a
-client that can read it can talk to a worker that is warm.
+client that can read it can talk to a worker that is warm. Read only when it
+is this user's own and no one else may read or write it (:mod:`.host`): the
+key in it lets its reader run code as the worker's user.
+
+Shared by both sides: imports nothing of the package but its errors and host.
 """
 
 import json
 import os
 import secrets
-import subprocess
 import sys
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from .errors import ConfigurationError
+from .host import make_private_folder, read_private_file, write_private_file
+
+MIN_KEY_BYTES = 16  # 128 bits
 
 
 @dataclass(frozen=True)
@@ -25,12 +32,41 @@ class ConnectionInfo:
 
     @property
     def key_bytes(self):
-        return bytes.fromhex(self.key)
+        return signing_key(self.key, "the connection file")
 
 
 def new_key():
     """A fresh 256-bit signing key, hex encoded."""
     return secrets.token_hex(32)
+
+
+def signing_key(text, source):
+    """The signing key in ``text`` (hex) as bytes: the one check of every key, wherever it comes from.
+
+    An empty key would turn signing off, and a short one is guessable: both are
+    refused with a ConfigurationError that names ``source``.
+    """
+    if isinstance(text, bytes):
+        text = text.decode("ascii", errors="replace")
+    text = (text or "").strip()
+    if not text:
+        raise ConfigurationError(f"the signing key in {source} is empty, which would turn message signing off; "
+                                 "refusing it (give no key and the worker makes a fresh one)")
+    try:
+        raw = bytes.fromhex(text)
+    except ValueError:
+        raise ConfigurationError(f"the signing key in {source} must be written in hex digits") from None
+    if len(raw) < MIN_KEY_BYTES:
+        raise ConfigurationError(f"the signing key in {source} must hold at least {MIN_KEY_BYTES * 8} bits "
+                                 f"({MIN_KEY_BYTES * 2} hex digits), not {len(raw) * 8}")
+    return raw
+
+
+def read_key_file(path):
+    """The hex key in a key file that is this user's alone."""
+    text = read_private_file(path, "key file")
+    signing_key(text, f"the key file {path}")
+    return text.strip()
 
 
 def default_connection_file():
@@ -42,54 +78,21 @@ def default_connection_file():
     return base / "sklearn-gpu-bridge" / "worker.json"
 
 
-def windows_user(environ=os.environ):
-    """``DOMAIN\\name`` of the Windows user running this process (as icacls names accounts)."""
-    name, domain = environ.get("USERNAME"), environ.get("USERDOMAIN")
-    return f"{domain}\\{name}" if domain else name
-
-
-def private_folder_command(folder, user):
-    """icacls arguments that leave ``folder``, and all that is created in it, to ``user`` alone.
-
-    Windows' 0700: inherited entries removed (/inheritance:r), then full
-    control for ``user`` only, inherited by files (OI) and folders (CI).
-    """
-    return ["icacls", str(folder), "/inheritance:r", "/grant:r", f"{user}:(OI)(CI)F"]
-
-
-def make_private_folder(folder, windows=None):
-    """Create ``folder`` (if needed) for this user alone: mode 0700, or on Windows an ACL of this user only.
-
-    Only for folders this package owns: on Windows ``chmod`` cannot keep others
-    out, and the files a worker in WSL2 writes there take the folder's ACL.
-    """
-    folder = Path(folder)
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if sys.platform == "win32" if windows is None else windows:
-        command = private_folder_command(folder, windows_user())
-        done = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL)
-        if done.returncode != 0:
-            raise OSError(f"could not make {folder} private ({' '.join(command)}): "
-                          f"{(done.stderr or done.stdout).strip()}")
-    return folder
-
-
 def write_connection_file(path, info):
     """Write ``info`` to ``path`` readable by its owner only, replacing atomically."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".worker-", dir=path.parent)  # created 0600
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(asdict(info), f, indent=1)
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    if path.parent == default_connection_file().parent:
+        make_private_folder(path.parent)
+    else:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    write_private_file(path, json.dumps(asdict(info), indent=1))
 
 
 def read_connection_file(path):
-    with open(path) as f:
-        data = json.load(f)
-    return ConnectionInfo(**{k: data[k] for k in ConnectionInfo.__dataclass_fields__ if k in data})
+    """The worker's address and key; refused when the file is not this user's alone."""
+    text = read_private_file(path, "connection file")
+    try:
+        data = json.loads(text)
+        return ConnectionInfo(**{k: data[k] for k in ConnectionInfo.__dataclass_fields__ if k in data})
+    except (ValueError, TypeError) as exc:
+        raise ConfigurationError(f"the connection file {path} is not one a worker wrote: {exc}") from None

@@ -13,17 +13,19 @@ a CPU backend), ``fail`` (the bridge cannot work until it is fixed) or
 ``skip`` (not applicable here, or after a failure it depends on).
 """
 
-import os
-import stat
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from . import __version__, service, transport, wsl
+from . import __version__, service, wsl
 from .config import get_config
 from .connect import read_connection_file
+from .errors import ConfigurationError
+from .measure import measure as measure_transports
 from .protocol import PROTOCOL_VERSION
+from .statefile import read_state
+from .transport_choice import candidates_for, choose, record
 
 
 @dataclass
@@ -61,7 +63,7 @@ def run(*, connection_file=None, use_wsl=None, distro=None, python=None, measure
     config = get_config()
     windows = sys.platform == "win32" if windows is None else windows
     connection_file = service.resolve_connection_file(connection_file)
-    state = transport.read_state(connection_file)
+    state = read_state(connection_file)
     if use_wsl is None:
         use_wsl = windows or bool(state.get("wsl"))
     wsl_state = state.get("wsl") or {}
@@ -112,12 +114,12 @@ def run(*, connection_file=None, use_wsl=None, distro=None, python=None, measure
     # ---- transport paths
     results, chosen = [], None
     if info is not None and measure:
-        candidates = transport.candidates_for(connection_file, config["pool_directory"])
-        results = transport.measure(info, connection_file, candidates, quick=quick,
+        candidates = candidates_for(connection_file, config["pool_directory"])
+        results = measure_transports(info, connection_file, candidates, quick=quick,
                                     on_result=lambda r: _report_transport(add, r))
-        chosen = transport.choose(results)
+        chosen = choose(results)
         if chosen is not None:
-            transport.record(connection_file, results, chosen)
+            record(connection_file, results, chosen)
             add("transport chosen", "ok",
                 f"{_candidate_label(chosen)} (used when transport=auto; override: "
                 f"set_config(transport='frames'|'pool') or SKLEARN_GPU_BRIDGE_TRANSPORT)")
@@ -202,15 +204,13 @@ def _check_connection(add, connection_file, start_fix, restart):
     try:
         info = read_connection_file(path)
         info.key_bytes  # noqa: B018 - the key must decode
-    except (OSError, ValueError, TypeError, KeyError) as exc:
+    except ConfigurationError as exc:  # another user's, readable by others, not a worker's, a bad key
+        add("connection file", "fail", str(exc), exc.fix or restart)
+        return None
+    except OSError as exc:
         add("connection file", "fail", f"{path} cannot be read: {exc}", restart)
         return None
-    mode = path.stat().st_mode
-    if os.name == "posix" and mode & (stat.S_IRWXG | stat.S_IRWXO):
-        add("connection file", "warn", f"{path} is readable by others (mode {stat.S_IMODE(mode):o}): "
-            "anyone who reads the key can use the worker", f"chmod 600 {path}")
-    else:
-        add("connection file", "ok", f"{path} (key readable)")
+    add("connection file", "ok", f"{path} (this user's alone; key readable)")
     return info
 
 

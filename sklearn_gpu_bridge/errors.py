@@ -1,13 +1,29 @@
-"""The exceptions a user of the bridge can see; all derive from BridgeError.
+"""The exceptions a user of the bridge can see, and how errors cross the wire.
 
-Errors raised by the estimator on the worker are NOT wrapped: they are
-re-raised with their original type (``ValueError`` stays ``ValueError``) and
-carry the remote traceback as ``__cause__`` (a :class:`RemoteTraceback`).
+Every error the bridge itself raises derives from :class:`BridgeError`.
+Errors raised by the estimator on the worker are NOT wrapped: the worker
+describes them (:func:`describe`) and the client re-raises them with their
+original type (``ValueError`` stays ``ValueError``) and the remote traceback
+as ``__cause__`` (:func:`rebuild`), as loky does. Only types from a few
+well-known modules are rebuilt; any other becomes :class:`RemoteError`.
+
+Shared by both sides: imports nothing of the package.
 """
+
+import importlib
+import traceback
 
 
 class BridgeError(Exception):
     """Base of every error that the bridge itself raises."""
+
+
+class ConfigurationError(BridgeError, ValueError):
+    """A setting, key or file was refused; the message says how to fix it (``fix``: the command, if one)."""
+
+    def __init__(self, message, fix=None):
+        super().__init__(message)
+        self.fix = fix
 
 
 class WorkerUnavailable(BridgeError):
@@ -46,3 +62,61 @@ class RemoteTraceback(Exception):
 
     def __str__(self):
         return f"\n\n--- traceback on the worker ---\n{self.text}"
+
+
+# ---------------------------------------------------------------- errors and warnings on the wire
+
+#: remote exceptions and warnings are rebuilt only from these modules
+SAFE_MODULES = frozenset({
+    "builtins", "sklearn.exceptions", "sklearn_gpu_bridge.errors", "numpy.linalg", "numpy.exceptions",
+})
+
+
+def describe(exc, plain):
+    """The fields of an error reply for ``exc``: its type's MRO, args, message and traceback.
+
+    ``plain(value)`` turns the args into plain values or raises TypeError;
+    args that cannot be are replaced by the message alone.
+    """
+    mro = [(c.__module__, c.__qualname__) for c in type(exc).__mro__ if issubclass(c, BaseException)]
+    try:
+        message = str(exc)
+    except Exception:  # noqa: BLE001 - an exception whose text cannot be made
+        message = f"{type(exc).__name__} (its message could not be rendered)"
+    try:
+        args = plain(tuple(exc.args))
+    except (TypeError, ValueError):
+        args = (message,)
+    return {"mro": mro, "args": args, "message": message, "traceback": traceback.format_exc()}
+
+
+def _safe_class(module, name, base):
+    if module not in SAFE_MODULES:
+        return None
+    cls = getattr(importlib.import_module(module), name, None)
+    return cls if isinstance(cls, type) and issubclass(cls, base) else None
+
+
+def rebuild(reply):
+    """The worker's exception (an error reply) as its own type where that type is safe to build."""
+    mro = reply.get("mro") or [("builtins", "Exception")]
+    message = reply.get("message", "")
+    exc = None
+    for depth, (module, name) in enumerate(mro):
+        cls = _safe_class(module, name, Exception)
+        if cls is None:
+            continue
+        try:
+            exc = cls(*reply.get("args", ())) if depth == 0 else cls(f"{mro[0][1]}: {message}")
+        except Exception:  # noqa: BLE001 - a type whose constructor wants other arguments
+            continue
+        break
+    if exc is None:
+        exc = RemoteError(f"{mro[0][0]}.{mro[0][1]}: {message}")
+    exc.__cause__ = RemoteTraceback(reply.get("traceback", ""))
+    return exc
+
+
+def warning_class(module, name):
+    """A warning category from the worker, or UserWarning where it is not safe to name."""
+    return _safe_class(module, name, Warning) or UserWarning

@@ -38,13 +38,26 @@ def _run(function, pieces):
     return [future.result() for future in [executor.submit(function, *piece) for piece in pieces]]
 
 
-def copy_bytes(target, source):
-    """``target[:] = source`` for two uint8 arrays of the same length."""
-    threads, step = _chunks(source.nbytes)
+def _copy_chunk(target, source):
+    with np.errstate(over="raise"):  # numpy's error state is per thread: set it in each
+        np.copyto(target, source, casting="same_kind")
+
+
+def copy_into(target, source):
+    """``target[...] = source`` for two arrays of one shape and memory order, casting on the way.
+
+    A float64 -> float32 cast that overflows raises FloatingPointError (the
+    caller words the error). Large arrays are copied in chunks on all cores.
+    """
+    order = "F" if source.flags.f_contiguous and not source.flags.c_contiguous else "C"
+    flat_target, flat_source = target.reshape(-1, order=order), source.reshape(-1, order=order)
+    threads, step = _chunks(max(flat_source.nbytes, flat_target.nbytes))
     if threads == 1:
-        np.copyto(target, source)
+        _copy_chunk(flat_target, flat_source)
         return
-    _run(np.copyto, [(target[at : at + step], source[at : at + step]) for at in range(0, source.nbytes, step)])
+    step = -(-flat_source.size // threads)
+    _run(_copy_chunk, [(flat_target[at : at + step], flat_source[at : at + step])
+                       for at in range(0, flat_source.size, step)])
 
 
 def all_sums_finite(X):

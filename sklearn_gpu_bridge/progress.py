@@ -1,14 +1,9 @@
-"""Elapsed time where a person waits, and silence everywhere else.
+"""Elapsed time where a person waits (``start``, ``stop``, ``doctor``), and silence everywhere else.
 
-Two ways to use it, both free of cost on a call that ends quickly:
-
-- :class:`Ticker`, driven by a loop that already wakes up now and then (the
-  client's wait loop polls its socket every half second): ``tick()`` on each
-  wake-up, ``close()`` at the end. No thread, nothing printed before
-  ``after`` seconds (3 by default).
-- :func:`waiting`, a context manager for a blocking wait that has no loop of
-  its own: a daemon thread ticks for it, started only when output is
-  interactive.
+:func:`waiting` wraps a blocking wait: a daemon thread, started only when
+output is interactive, drives a :class:`Ticker` that prints nothing before
+``after`` seconds (3 by default), then rewrites one line with the time
+elapsed. A wait that ends quickly costs nothing.
 
 Output goes to ``sys.stderr`` only when it is a terminal (and ``TERM`` is not
 ``dumb``), so scripts, pipes, log files and CI stay quiet. The setting

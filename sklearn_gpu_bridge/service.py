@@ -21,8 +21,6 @@ them too.
 
 import json
 import os
-import shlex
-import signal
 import socket
 import subprocess
 import sys
@@ -32,13 +30,18 @@ from datetime import datetime, timezone
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from . import __version__, transport, wsl
-from .config import get_config, transport_settings
-from .connect import default_connection_file, make_private_folder, read_connection_file
-from .errors import BridgeError, ProtocolError
-from .progress import waiting
+from . import __version__, wsl
+from .client import Connection, _dealer
+from .config import get_config
+from .connect import default_connection_file, read_connection_file
+from .errors import BridgeError, ConfigurationError, ProtocolError, WorkerUnavailable
+from .host import ExclusiveLock, exited, make_private_folder, terminate
+from .launch import spawn, wait_ready, worker_argv
+from .measure import measure as measure_transports
+from .progress import format_seconds, waiting
 from .protocol import Session, new_id
-from .shm import pid_alive
+from .statefile import read_state, write_state
+from .transport_choice import candidates_for, choose, client_transport, current_record, record
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 STOP_TIMEOUT = 15.0
@@ -66,37 +69,6 @@ def _lock_path(connection_file):
     return Path(connection_file).with_suffix(".lock")
 
 
-class _StartLock:
-    """One ``start`` at a time per connection file (an exclusive lock file; a dead holder's is broken)."""
-
-    def __init__(self, path, timeout):
-        self.path, self.timeout = Path(path), timeout
-
-    def __enter__(self):
-        deadline = time.monotonic() + self.timeout
-        while True:
-            try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
-            except FileExistsError:
-                try:
-                    holder = int(self.path.read_text() or 0)
-                except (OSError, ValueError):
-                    holder = 0
-                if holder and not pid_alive(holder):
-                    self.path.unlink(missing_ok=True)
-                elif time.monotonic() > deadline:
-                    raise ServiceError(f"another start holds {self.path}") from None
-                else:
-                    time.sleep(0.1)
-                continue
-            os.write(fd, str(os.getpid()).encode())
-            os.close(fd)
-            return self
-
-    def __exit__(self, *exc):
-        self.path.unlink(missing_ok=True)
-
-
 # ---------------------------------------------------------------- talking to a worker without a Connection
 
 
@@ -106,18 +78,9 @@ def quick_request(info, op, timeout=2.0):
     No hello and no pool: it works against a worker of another version too
     (``stop`` must be able to stop one).
     """
-    import zmq
-
     session = Session(info.key_bytes)
-    context = zmq.Context()
-    sock = context.socket(zmq.DEALER)
-    sock.linger = 0
+    sock = _dealer(info)
     try:
-        if info.curve_server_key:
-            public, secret = zmq.curve_keypair()
-            sock.curve_serverkey = info.curve_server_key.encode()
-            sock.curve_publickey, sock.curve_secretkey = public, secret
-        sock.connect(info.address)
         msg_id = new_id()
         sock.send_multipart(session.pack({"op": op, "id": msg_id, "client": "sgb-service-" + new_id()}))
         deadline = time.monotonic() + timeout
@@ -133,7 +96,6 @@ def quick_request(info, op, timeout=2.0):
         return None
     finally:
         sock.close(linger=0)
-        context.term()
 
 
 def tcp_reachable(address, timeout=2.0):
@@ -152,7 +114,7 @@ def tcp_reachable(address, timeout=2.0):
 def _read_info(path):
     try:
         return read_connection_file(path)
-    except (OSError, ValueError, TypeError, KeyError):
+    except (OSError, ConfigurationError):
         return None
 
 
@@ -164,60 +126,7 @@ def _answering(path, timeout=2.0):
     return info if quick_request(info, "ping", timeout) is not None else None
 
 
-def _gone(pid):
-    """A local process has exited (a zombie that nobody reaped counts as gone)."""
-    if not pid_alive(pid):
-        return True
-    try:
-        os.waitpid(pid, os.WNOHANG)  # our own child: reap it
-    except (ChildProcessError, OSError, AttributeError):
-        pass
-    if not pid_alive(pid):
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return False
-
-
-def _log_tail(log_file, lines=25):
-    try:
-        text = Path(log_file).read_text(errors="replace")
-    except OSError:
-        return ""
-    return "".join(text.splitlines(True)[-lines:])
-
-
 # ---------------------------------------------------------------- start
-
-
-def worker_argv(python, *, backend, connection_file, log_level="INFO", threads=1, bind="127.0.0.1", port=0,
-                pool_dirs=()):
-    """``python -m sklearn_gpu_bridge.worker ...``: the worker's command line, wherever it runs."""
-    argv = [str(python), "-m", "sklearn_gpu_bridge.worker", "--backend", backend,
-            "--connection-file", str(connection_file), "--log-level", log_level,
-            "--threads", str(threads), "--bind", bind, "--port", str(port)]
-    for folder in pool_dirs:
-        argv += ["--pool-dir", str(folder)]
-    return argv
-
-
-def _spawn(argv, log_file, cwd, windows):
-    """Start ``argv`` detached, its output appended to ``log_file``."""
-    log_file = Path(log_file)
-    log_file.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_BINARY", 0), 0o600)
-    with open(fd, "ab") as log:
-        stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        log.write(f"---- {stamp} sklearn-gpu-bridge start: {shlex.join(map(str, argv))}\n".encode())
-        log.flush()
-        kwargs = {"stdin": subprocess.DEVNULL, "stdout": log, "stderr": subprocess.STDOUT, "cwd": cwd}
-        if windows:
-            kwargs["creationflags"] = wsl.DETACHED_FLAGS
-        else:
-            kwargs["start_new_session"] = True  # no SIGHUP/SIGINT from the terminal that typed `start`
-        return subprocess.Popen(argv, **kwargs)
 
 
 def start(*, backend="auto", connection_file=None, log_file=None, log_level="INFO", threads=1,
@@ -240,40 +149,58 @@ def start(*, backend="auto", connection_file=None, log_file=None, log_level="INF
         make_private_folder(connection_file.parent, windows=windows)
     else:  # the user's choice of folder, and of who may read it
         connection_file.parent.mkdir(parents=True, exist_ok=True)
-    with _StartLock(_lock_path(connection_file), startup_timeout):
-        if _answering(connection_file) is not None:
-            result = status(connection_file=connection_file)
-            result["already_running"] = True
-            return result
-        _clear_stale(connection_file)
-        if use_wsl:
-            distro = distro or config["wsl_distro"]
-            python = python or config["wsl_python"]
-            argv, state = _wsl_launch(connection_file, backend=backend, log_level=log_level, threads=threads,
-                                      bind=bind, port=port, pool_dirs=pool_dirs, python=python, distro=distro,
-                                      wsl_exe=wsl_exe or find_wsl_exe(), windows=windows)
-        else:
-            python = python or sys.executable
-            argv = worker_argv(python, backend=backend, connection_file=connection_file, log_level=log_level,
-                               threads=threads, bind=bind, port=port, pool_dirs=pool_dirs)
-            state = {"wsl": None, "pool_candidates": [
-                {"name": "pool-dir", "client": str(d), "worker": str(d)} for d in pool_dirs]}
-        started = time.monotonic()
-        process = _spawn(argv, log_file, cwd=str(connection_file.parent), windows=windows)
-        state.update(pid=process.pid, log_file=str(log_file), log_level=log_level, backend_requested=backend,
-                     argv=list(map(str, argv)), started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                     version=__version__)
-        transport.write_state(connection_file, state)
-        _wait_ready(process, connection_file, log_file, startup_timeout, use_wsl)
+    try:
+        with ExclusiveLock(_lock_path(connection_file), startup_timeout, "another start"):
+            if _answering(connection_file) is not None:
+                result = status(connection_file=connection_file)
+                result["already_running"] = True
+                return result
+            _clear_stale(connection_file)
+            started = time.monotonic()
+            _launch(connection_file, config, backend=backend, log_file=log_file, log_level=log_level,
+                    threads=threads, bind=bind, port=port, pool_dirs=pool_dirs, python=python, use_wsl=use_wsl,
+                    distro=distro, startup_timeout=startup_timeout, wsl_exe=wsl_exe, windows=windows)
+    except TimeoutError as exc:
+        raise ServiceError(str(exc)) from None
     ready_seconds = time.monotonic() - started
     if use_wsl if measure is None else measure:
         info = read_connection_file(connection_file)
         with waiting("measuring the transport paths"):
-            results = transport.measure(info, connection_file, transport.candidates_for(connection_file), quick=True)
-        transport.record(connection_file, results, transport.choose(results))
+            results = measure_transports(info, connection_file, candidates_for(connection_file), quick=True)
+        record(connection_file, results, choose(results))
     result = status(connection_file=connection_file)
     result["ready_seconds"] = ready_seconds
     return result
+
+
+def _launch(connection_file, config, *, backend, log_file, log_level, threads, bind, port, pool_dirs, python,
+            use_wsl, distro, startup_timeout, wsl_exe, windows):
+    """Start the worker (here or inside WSL2), keep what is known of it, and wait until it is ready."""
+    if use_wsl:
+        distro = distro or config["wsl_distro"]
+        python = python or config["wsl_python"]
+        argv, state = _wsl_launch(connection_file, backend=backend, log_level=log_level, threads=threads,
+                                  bind=bind, port=port, pool_dirs=pool_dirs, python=python, distro=distro,
+                                  wsl_exe=wsl_exe or find_wsl_exe(), windows=windows)
+    else:
+        argv = worker_argv(None if python in (None, sys.executable) else python, connection_file=connection_file,
+                           backend=backend, log_level=log_level, threads=threads, bind=bind, port=port,
+                           pool_dirs=pool_dirs)
+        state = {"wsl": None, "pool_candidates": [
+            {"name": "pool-dir", "client": str(d), "worker": str(d)} for d in pool_dirs]}
+    process = spawn(argv, log_file, cwd=connection_file.parent, detached=True, windows=windows,
+                    creationflags=wsl.DETACHED_FLAGS)
+    state.update(pid=process.pid, log_file=str(log_file), log_level=log_level, backend_requested=backend,
+                 argv=list(map(str, argv)), started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                 version=__version__)
+    write_state(connection_file, state)
+    where = "inside WSL" if use_wsl else "in the background"
+    with waiting(f"starting the worker {where} (log: {log_file})"):
+        try:
+            wait_ready(process, connection_file, startup_timeout, log_file=log_file,
+                       accept=(lambda info: True) if use_wsl else None)
+        except WorkerUnavailable as exc:
+            raise ServiceError(str(exc)) from None
 
 
 def _clear_stale(connection_file):
@@ -282,32 +209,13 @@ def _clear_stale(connection_file):
     if info is None:
         Path(connection_file).unlink(missing_ok=True)
         return
-    state = transport.read_state(connection_file)
-    if not state.get("wsl") and state.get("pid") == info.pid and info.pid != os.getpid() and not _gone(info.pid):
+    state = read_state(connection_file)
+    if not state.get("wsl") and state.get("pid") == info.pid and info.pid != os.getpid() and not exited(info.pid):
         raise ServiceError(
             f"a worker (pid {info.pid}) holds {connection_file} but does not answer; "
             f"stop it with:  sklearn-gpu-bridge stop --connection-file {connection_file}"
         )
     Path(connection_file).unlink(missing_ok=True)
-
-
-def _wait_ready(process, connection_file, log_file, timeout, use_wsl):
-    deadline = time.monotonic() + timeout
-    where = "inside WSL" if use_wsl else "in the background"
-    with waiting(f"starting the worker {where} (log: {log_file})"):
-        while True:
-            info = _read_info(connection_file)
-            if info is not None and (use_wsl or info.pid == process.pid):
-                return info
-            if process.poll() is not None:
-                raise ServiceError(
-                    f"the worker exited with code {process.returncode} before it was ready; "
-                    f"the end of {log_file}:\n{_log_tail(log_file)}"
-                )
-            if time.monotonic() > deadline:
-                process.kill()
-                raise ServiceError(f"the worker was not ready within {timeout:.0f} s; see {log_file}")
-            time.sleep(0.05)
 
 
 # ---------------------------------------------------------------- start inside WSL2
@@ -370,9 +278,9 @@ def _wsl_launch(connection_file, *, backend, log_level, threads, bind, port, poo
                            "worker": home_pool})
     worker_pool_dirs = ["/dev/shm", "/tmp", *(c["worker"] for c in candidates), *pool_dirs]
     argv = wsl.wsl_command(
-        worker_argv(probe.get("executable") or python, backend=backend,  # the probe's: an absolute path
-                    connection_file=inside(folder) + "/" + Path(connection_file).name,
-                    log_level=log_level, threads=threads, bind=bind, port=port,
+        worker_argv(probe.get("executable") or python,  # the probe's: an absolute path
+                    connection_file=inside(folder) + "/" + Path(connection_file).name, safe_path=False,
+                    backend=backend, log_level=log_level, threads=threads, bind=bind, port=port,
                     pool_dirs=list(dict.fromkeys(worker_pool_dirs))),
         distro=distro, wsl_exe=wsl_exe,
     )
@@ -396,7 +304,7 @@ def install_command(python, *, distro=None, use_wsl=False):
 def stop(*, connection_file=None, timeout=STOP_TIMEOUT):
     """Stop the worker at ``connection_file``: shutdown request, then signals. Returns what was done."""
     connection_file = resolve_connection_file(connection_file)
-    state = transport.read_state(connection_file)
+    state = read_state(connection_file)
     info = _read_info(connection_file)
     result = {"connection_file": str(connection_file), "stopped": False, "how": None,
               "pid": info.pid if info else state.get("pid")}
@@ -412,7 +320,7 @@ def stop(*, connection_file=None, timeout=STOP_TIMEOUT):
                           how="signals")
     Path(connection_file).unlink(missing_ok=True)
     if state:  # keep where the log is (a later `status` still shows it), drop the rest
-        transport.write_state(connection_file, {
+        write_state(connection_file, {
             "log_file": state.get("log_file"), "wsl": state.get("wsl"),
             "stopped_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         })
@@ -430,7 +338,7 @@ def _wait_gone(connection_file, state, info, timeout):
     pid = _local_pid(state, info)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if not Path(connection_file).exists() and (pid is None or _gone(pid)):
+        if not Path(connection_file).exists() and (pid is None or exited(pid)):
             return True
         time.sleep(0.05)
     return False
@@ -446,19 +354,7 @@ def _signal_stop(connection_file, state, info, wait=5.0):
         except (OSError, subprocess.SubprocessError):
             pass
     pid = _local_pid(state, info)
-    if pid is None or _gone(pid):
-        return True
-    for sig in (signal.SIGTERM, getattr(signal, "SIGKILL", signal.SIGTERM)):
-        try:
-            os.kill(pid, sig)
-        except OSError:  # gone meanwhile, or not ours
-            pass
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
-            if _gone(pid):
-                return True
-            time.sleep(0.05)
-    return False
+    return pid is None or terminate(pid, wait)
 
 
 # ---------------------------------------------------------------- status
@@ -467,7 +363,7 @@ def _signal_stop(connection_file, state, info, wait=5.0):
 def status(*, connection_file=None):
     """What the worker says about itself, and what this side knows (log file, transport in use)."""
     connection_file = resolve_connection_file(connection_file)
-    state = transport.read_state(connection_file)
+    state = read_state(connection_file)
     result = {"connection_file": str(connection_file), "running": False,
               "log_file": state.get("log_file"), "wsl": state.get("wsl")}
     info = _read_info(connection_file)
@@ -490,10 +386,8 @@ def status(*, connection_file=None):
 
 def _client_view(info, connection_file):
     """Connect as a client with the settings in force: the worker's status, and the transport used."""
-    from .client import Connection
-
     config = get_config()
-    pool, pool_directory, reason = transport_settings(connection_file)
+    pool, pool_directory, reason = client_transport(connection_file)
     out = {"transport_setting": config["transport"], "transport_reason": reason}
     conn = Connection(info, connection_file=str(connection_file), pool=pool, pool_directory=pool_directory,
                       heartbeat_timeout=config["heartbeat_timeout"])
@@ -501,15 +395,15 @@ def _client_view(info, connection_file):
         reply = conn.status()
         out["transport"] = {"path": "pool", "pool_directory": conn.pool.directory} if conn.pool is not None \
             else {"path": "frames", "pool_directory": None}
-        out["fallback_reason"] = conn.hello.get("fallback_reason")
+        out["fallback_reason"] = conn.capabilities.fallback_reason
     finally:
         conn.close()
     out.update(backend=reply.get("backend"), versions=reply.get("versions") or {}, uptime=reply.get("uptime"),
                handles=reply.get("handles"), requests=reply.get("requests") or {},
                refused=reply.get("refused") or {}, pools=reply.get("pools"))
-    record = transport.current_record(connection_file)
-    if record:
-        out["transport_measured"] = record
+    measured = current_record(connection_file)
+    if measured:
+        out["transport_measured"] = measured
     return out
 
 
@@ -517,8 +411,6 @@ def _client_view(info, connection_file):
 
 
 def _duration(seconds):
-    from .progress import format_seconds
-
     return format_seconds(seconds or 0)
 
 

@@ -6,18 +6,13 @@ when a test using it fails.
 """
 
 import os
-import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import sklearn_gpu_bridge
-from sklearn_gpu_bridge.client import ENV_CONNECTION_FILE
-from sklearn_gpu_bridge.connect import read_connection_file
+from sklearn_gpu_bridge.config import ENV_CONNECTION_FILE
+from sklearn_gpu_bridge.launch import LaunchedWorker
 
 BACKEND = os.environ.get("SKLEARN_GPU_BRIDGE_TEST_BACKEND", "sklearn")
 
@@ -39,41 +34,14 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-class WorkerProcess:
-    """A worker subprocess on a free loopback port with its own fresh key."""
+class WorkerProcess(LaunchedWorker):
+    """A worker subprocess (the test backend) on a free loopback port with its own fresh key.
 
-    def __init__(self, folder, backend=BACKEND, extra_args=()):
-        self.folder = Path(folder)
-        self.connection_file = self.folder / "worker.json"
-        self.log_file = self.folder / "worker.log"
-        command = [
-            sys.executable, "-m", "sklearn_gpu_bridge.worker", "--backend", backend,
-            "--connection-file", str(self.connection_file), "--log-level", "INFO", *extra_args,
-        ]
-        with open(self.log_file, "wb") as log:
-            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL, cwd=self.folder)
-        deadline = time.monotonic() + 300
-        while not self.connection_file.exists():
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"worker did not start:\n{self.log()}")
-            time.sleep(0.05)
-        self.info = read_connection_file(self.connection_file)
+    ``options``: the worker's settings (``client_timeout=1``, ``threads=2`` ...).
+    """
 
-    def log(self):
-        return self.log_file.read_text(errors="replace") if self.log_file.exists() else ""
-
-    def stop(self):
-        """SIGINT first (a clean stop), SIGKILL if it does not go within 10 s."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        return self.process.returncode
+    def __init__(self, folder, backend=BACKEND, **options):
+        super().__init__(folder, backend=backend, log_level="INFO", **options)
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

@@ -33,7 +33,8 @@ import scipy.sparse as sp
 
 import sklearn_gpu_bridge
 from sklearn_gpu_bridge import GPUKMeans, GPULogisticRegression, GPUPCA, GPUStandardScaler, GPUSVC
-from sklearn_gpu_bridge.shm import SLOT_SIZE
+from sklearn_gpu_bridge.protocol import AsDtype, Decoder, Encoder
+from sklearn_gpu_bridge.shm import SLOT_SIZE, Pool
 from sklearn_gpu_bridge.worker.backends import SklearnBackend
 
 from .conftest import BACKEND, assert_same
@@ -305,18 +306,26 @@ def test_large_arrays_checked_in_parallel_give_scikit_learns_error_before_sendin
     assert "fit" not in _sent(connection, before)
 
 
-def test_float64_too_large_for_a_float32_worker_is_scikit_learns_error():
-    """A cuML worker computes in float32: 1e308 is finite here but not there; the cast notices, once."""
-    from types import SimpleNamespace
+@pytest.mark.parametrize("rows", [1000, 200_000])  # inline; a pool block or a frame (each in parallel chunks)
+@pytest.mark.parametrize("pooled", [True, False])
+def test_float64_too_large_for_a_float32_worker_is_scikit_learns_error(rows, pooled, tmp_path):
+    """A cuML worker computes in float32: 1e308 is finite here but not there; the cast itself notices."""
+    pool = Pool(str(tmp_path)) if pooled else None
 
-    from sklearn_gpu_bridge.estimators.base import _for_backend
+    def encode(X):
+        place = (lambda n: (lambda b: (b.segment, b.offset, b.buffer()))(pool.allocate(n))) if pooled else None
+        encoder = Encoder(place)
+        marker = encoder.encode(AsDtype(X, "float32"))
+        read_pool = (lambda seg, off, n: pool._segments[seg].view[off : off + n]) if pooled else None
+        return Decoder({"arrays": encoder.arrays}, encoder.buffers, read_pool=read_pool).decode(marker)
 
-    float32_worker = SimpleNamespace(hello={"float_dtype": "float32"})  # what a cuML worker's hello says
-    X = np.random.default_rng(4).standard_normal((1000, 3))
-    narrow = _for_backend(X, float32_worker)
+    X = np.random.default_rng(4).standard_normal((rows, 3))
+    narrow = encode(X)
     assert narrow.dtype == np.float32 and np.array_equal(narrow, X.astype(np.float32))
-    X[500, 1] = np.nan  # NaN survives the cast (for the estimators that allow it)
-    assert np.isnan(_for_backend(X, float32_worker)[500, 1])
-    X[700, 2] = -1e308
+    X[rows // 2, 1] = np.nan  # NaN survives the cast (for the estimators that allow it)
+    assert np.isnan(encode(X)[rows // 2, 1])
+    X[rows - 7, 2] = -1e308
     with pytest.raises(ValueError, match=r"Input X contains infinity or a value too large for dtype\('float32'\)"):
-        _for_backend(X, float32_worker)
+        encode(X)
+    if pool is not None:
+        pool.close()

@@ -18,10 +18,11 @@ from sklearn_gpu_bridge.worker.cache import ArrayCache
 
 import sklearn_gpu_bridge
 from sklearn_gpu_bridge import GPUSVC, GPUStandardScaler, ProtocolError
-from sklearn_gpu_bridge.client import Connection, KnownArrays, rebuild_error
+from sklearn_gpu_bridge.client import Connection
+from sklearn_gpu_bridge.errors import rebuild as rebuild_error
 from sklearn_gpu_bridge.connect import read_connection_file
 from sklearn_gpu_bridge.errors import CacheMiss
-from sklearn_gpu_bridge.protocol import BoundedLRU, Decoder, Encoder, fingerprint
+from sklearn_gpu_bridge.protocol import BoundedLRU, Decoder, Encoder, KnownArrays, fingerprint
 
 from .conftest import BACKEND, WorkerProcess, assert_same, use_worker
 from .test_security import RawClient
@@ -262,7 +263,7 @@ def test_gridsearch_sends_each_fold_once_and_finds_the_same_model(worker):
 
 @pytest.fixture
 def small_cache_worker(tmp_path, worker):
-    process = WorkerProcess(tmp_path, extra_args=("--array-cache-mb", "1", "--client-timeout", "1"))
+    process = WorkerProcess(tmp_path, array_cache_mb=1, client_timeout=1)
     use_worker(process)
     yield process
     sklearn_gpu_bridge.reset_connection()
@@ -274,7 +275,7 @@ def test_an_evicted_array_is_sent_again_and_results_are_right(small_cache_worker
     X, Y = _data(8), _data(9)  # 640 KB each: the worker (1 MiB for all clients) keeps one
     with sklearn_gpu_bridge.config_context(**CACHED):
         connection = sklearn_gpu_bridge.get_connection()
-        assert connection.hello["array_cache"] == 1 << 20
+        assert connection.capabilities.array_cache == 1 << 20
         direct = StandardScaler().fit_transform(X)
         assert_same(GPUStandardScaler().fit_transform(X), direct)
         assert_same(GPUStandardScaler().fit_transform(X), direct)
@@ -310,10 +311,10 @@ def test_a_silent_clients_arrays_are_freed_by_the_sweep(small_cache_worker):
 
 
 def test_a_worker_that_keeps_nothing_is_never_sent_a_key(tmp_path, worker):
-    process = WorkerProcess(tmp_path, extra_args=("--array-cache-mb", "0"))
+    process = WorkerProcess(tmp_path, array_cache_mb=0)
     try:
         connection = _connection(process)
-        assert connection.hello["array_cache"] == 0 and connection.cache is None
+        assert connection.capabilities.array_cache == 0 and connection.cache is None
         X = _data(11)
         connection.echo(X)
         np.testing.assert_array_equal(connection.echo(X)[0], X)

@@ -2,7 +2,7 @@
 
 On the scikit-learn backend a bridged result must EQUAL that of the
 scikit-learn estimator the backend builds from the same parameters (the
-translation of cuML's parameters is cuML's own, see ``backends.TO_SKLEARN``).
+translation of cuML's parameters is cuML's own, see ``translate.TO_SKLEARN``).
 On cuML, the smoke test checks that every method runs and has scikit-learn's
 shapes and types.
 """
@@ -16,12 +16,15 @@ from scipy import sparse
 from sklearn.base import clone
 from sklearn.datasets import load_iris, make_regression
 from sklearn.preprocessing import StandardScaler
-from sklearn_gpu_bridge.worker.backends import CLASSES, SklearnBackend
 
 import sklearn_gpu_bridge
-from sklearn_gpu_bridge.estimators import REGISTRY
+from sklearn_gpu_bridge.catalogue import ESTIMATORS
+from sklearn_gpu_bridge.estimators import load_all
+from sklearn_gpu_bridge.worker.backends import SklearnBackend
 
 from .conftest import BACKEND, assert_same
+
+REGISTRY = load_all()
 
 exact = pytest.mark.skipif(
     BACKEND != "sklearn",
@@ -113,7 +116,7 @@ def _fit_args(name, X, y):
 
 def test_cases_cover_every_wrapper():
     assert set(CASES) == set(REGISTRY)
-    assert {name[3:] for name in REGISTRY} == set(CLASSES)
+    assert {name[3:] for name in REGISTRY} == set(ESTIMATORS)
 
 
 @exact
@@ -215,7 +218,7 @@ def test_declared_class_is_a_plain_estimator(name):
     estimator = cls()
     assert estimator.get_params() == {k: p.default for k, p in parameters.items()}
     assert clone(estimator).get_params() == estimator.get_params()
-    assert CLASSES[name[3:]][1] in cls.__doc__
+    assert ESTIMATORS[name[3:]].cuml in cls.__doc__
 
 
 # cuML 26.10's fit signatures: which take sample_weight (grep "def fit(" in cuML's sources)

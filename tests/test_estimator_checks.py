@@ -8,9 +8,11 @@ each expected failure says why.
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
 import sklearn_gpu_bridge as sgb
-from sklearn_gpu_bridge.estimators import REGISTRY
+from sklearn_gpu_bridge.estimators import load_all
 
 from .conftest import BACKEND
+
+REGISTRY = load_all()
 
 # Settings for the checks (defaults otherwise): fewer iterations / trees / clusters.
 CHECK_PARAMS = {

@@ -26,7 +26,7 @@ from sklearn.preprocessing import StandardScaler
 
 import sklearn_gpu_bridge
 from sklearn_gpu_bridge import GPUPCA, GPUSVC, GPUStandardScaler, WorkerLost
-from sklearn_gpu_bridge.shm import pid_alive
+from sklearn_gpu_bridge.host import pid_alive
 
 from .conftest import BACKEND, WorkerProcess, assert_same, use_worker
 
@@ -308,7 +308,7 @@ def test_killed_client_is_freed_and_the_next_client_is_served(fresh_worker, when
 @pytest.fixture
 def impatient_worker(tmp_path, worker):
     """A worker that frees clients it cannot watch after 1 s of silence."""
-    process = WorkerProcess(tmp_path, extra_args=("--client-timeout", "1"))
+    process = WorkerProcess(tmp_path, client_timeout=1)
     use_worker(process)
     yield process
     sklearn_gpu_bridge.reset_connection()
@@ -349,7 +349,7 @@ def test_idle_client_that_pings_keeps_its_handles(impatient_worker):
     with sklearn_gpu_bridge.config_context(pool="off"):  # no pool: the worker cannot watch the pid
         sklearn_gpu_bridge.reset_connection()
         connection = sklearn_gpu_bridge.get_connection()
-        assert connection.hello["client_timeout"] == 1.0
+        assert connection.capabilities.client_timeout == 1.0
         X = np.random.default_rng(2).normal(size=(100, 4))
         scaler = GPUStandardScaler().fit(X)
         time.sleep(3.0)  # three timeouts of silence, but the keepalive pings

@@ -56,7 +56,7 @@ def _bytes(buffer):
 @pytest.fixture(scope="module")
 def fuzz_target(tmp_path_factory, worker):
     """A worker of this module alone, with one executor thread (so replies come in order), and real messages."""
-    process = WorkerProcess(tmp_path_factory.mktemp("fuzz"), extra_args=("--threads", "1"))
+    process = WorkerProcess(tmp_path_factory.mktemp("fuzz"), threads=1)
     templates, keep = _capture(process)
     yield process, templates
     for connection in keep:

@@ -50,7 +50,7 @@ def worker_rss(pid):
 @pytest.fixture(scope="module")
 def busy_worker(tmp_path_factory, worker):
     """A worker of this module alone, running two estimator calls at once."""
-    process = WorkerProcess(tmp_path_factory.mktemp("load"), extra_args=("--threads", "2"))
+    process = WorkerProcess(tmp_path_factory.mktemp("load"), threads=2)
     yield process
     sklearn_gpu_bridge.reset_connection()
     process.stop()
@@ -137,8 +137,8 @@ class LeaseWatch:
         self.lock = threading.Lock()
         self.leases = 0
         self.overlaps = []
-        lease, release = pool_module.Pool.lease, pool_module.Lease.release
-        shrink = pool_module.Lease.shrink
+        lease, release = pool_module.Pool.allocate, pool_module.Block.release
+        shrink = pool_module.Block.shrink
         watch = self
 
         def watched_lease(pool, nbytes):
@@ -162,9 +162,9 @@ class LeaseWatch:
                 watch.forget(taken, taken.start + keep, taken.count - keep)
             shrink(taken, nbytes)
 
-        pool_module.Pool.lease = watched_lease
-        pool_module.Lease.release = watched_release
-        pool_module.Lease.shrink = watched_shrink
+        pool_module.Pool.allocate = watched_lease
+        pool_module.Block.release = watched_release
+        pool_module.Block.shrink = watched_shrink
 
     def forget(self, taken, start, count):
         with self.lock:

@@ -18,7 +18,8 @@ import pytest
 
 import sklearn_gpu_bridge
 from sklearn_gpu_bridge.protocol import INLINE_MAX
-from sklearn_gpu_bridge.shm import SLOT_SIZE, Pool, PoolAttachment, PoolError, pid_alive, remove_orphans
+from sklearn_gpu_bridge.host import pid_alive
+from sklearn_gpu_bridge.shm import SLOT_SIZE, Pool, PoolAttachment, PoolError, remove_orphans
 
 DEAD_PID = 2**22 + 12345  # above Linux's largest pid_max: no such process can exist
 RESULT_TIMEOUT = 120
@@ -47,37 +48,37 @@ def test_leases_never_overlap_under_random_lease_and_release(small_pool):
             lease.release()
         else:
             nbytes = rng.choice([1, 100, 4096, 4097, 3 * 4096, rng.randrange(1, 12 * 4096)])
-            lease = small_pool.lease(nbytes)
+            lease = small_pool.allocate(nbytes)
             assert lease.nbytes >= nbytes and lease.count == max(1, -(-nbytes // 4096))
             fill = step % 251 + 1
             lease.buffer()[:] = bytes([fill]) * lease.nbytes
             live[step] = (lease, fill)
         taken = [_slots(lease) for lease, _ in live.values()]
-        assert sum(len(s) for s in taken) == len(set().union(*taken)) == small_pool.leased_slots
+        assert sum(len(s) for s in taken) == len(set().union(*taken)) == small_pool.slots_in_use
         if step % 50 == 0:  # every live lease still holds exactly what was written into it
             for lease, fill in live.values():
                 assert bytes(lease.buffer()) == bytes([fill]) * lease.nbytes
     for lease, _ in live.values():
         lease.release()
-    assert small_pool.leased_slots == 0
+    assert small_pool.slots_in_use == 0
 
 
 def test_lease_larger_than_a_segment_gets_its_own_segment(small_pool):
-    first = small_pool.lease(1)
-    big = small_pool.lease(20 * 4096 + 1)  # 21 slots; a segment holds 8
+    first = small_pool.allocate(1)
+    big = small_pool.allocate(20 * 4096 + 1)  # 21 slots; a segment holds 8
     assert big.segment == 1 and big.start == 0 and big.count == 21
     assert len(big.buffer()) == 21 * 4096
     assert os.path.getsize(small_pool.paths[1]) == 21 * 4096
     big.buffer()[-1:] = b"\x07"
-    assert small_pool.leased_slots == 22
+    assert small_pool.slots_in_use == 22
     big.release()
     first.release()
-    assert small_pool.leased_slots == 0
+    assert small_pool.slots_in_use == 0
 
 
 def test_lease_that_does_not_fit_what_is_left_grows_the_pool(small_pool):
-    held = small_pool.lease(6 * 4096)
-    other = small_pool.lease(3 * 4096)  # 2 slots left in segment 0: a new segment
+    held = small_pool.allocate(6 * 4096)
+    other = small_pool.allocate(3 * 4096)  # 2 slots left in segment 0: a new segment
     assert (held.segment, other.segment) == (0, 1)
     assert len(small_pool.paths) == 2
     held.release()
@@ -85,38 +86,38 @@ def test_lease_that_does_not_fit_what_is_left_grows_the_pool(small_pool):
 
 
 def test_shrink_frees_the_tail(small_pool):
-    lease = small_pool.lease(5 * 4096)
+    lease = small_pool.allocate(5 * 4096)
     lease.shrink(2 * 4096 + 1)
-    assert lease.count == 3 and small_pool.leased_slots == 3
+    assert lease.count == 3 and small_pool.slots_in_use == 3
     lease.shrink(10 * 4096)  # growing is not shrinking: nothing changes
     assert lease.count == 3
-    tail = small_pool.lease(2 * 4096)
+    tail = small_pool.allocate(2 * 4096)
     assert (tail.segment, tail.start) == (lease.segment, 3)
     lease.release()
     lease.release()  # twice is harmless
     tail.release()
-    assert small_pool.leased_slots == 0
+    assert small_pool.slots_in_use == 0
 
 
-def test_released_slots_are_reused(small_pool):
-    a = small_pool.lease(3 * 4096)
-    b = small_pool.lease(2 * 4096)
+def test_reslots_in_use_are_reused(small_pool):
+    a = small_pool.allocate(3 * 4096)
+    b = small_pool.allocate(2 * 4096)
     a.release()
-    c = small_pool.lease(2 * 4096)
+    c = small_pool.allocate(2 * 4096)
     assert (c.segment, c.start) == (0, 0)  # in the hole a left, not a new segment
-    d = small_pool.lease(1)
+    d = small_pool.allocate(1)
     assert (d.segment, d.start) == (0, 2)
     assert len(small_pool.paths) == 1
     for lease in (b, c, d):
         lease.release()
-    assert small_pool.leased_slots == 0
+    assert small_pool.slots_in_use == 0
 
 
 @pytest.mark.parametrize("where", ["tmp", "default"])
 def test_segment_files_are_sparse_owner_only_and_removed_on_close(tmp_path, where):
     pool = Pool(str(tmp_path) if where == "tmp" else None)  # default: /dev/shm on Linux
     try:
-        lease = pool.lease(16)
+        lease = pool.allocate(16)
         (path,) = pool.paths
         info = os.stat(path)
         assert os.path.basename(path).startswith(f"sgb-pool-{os.getpid()}-")
@@ -132,7 +133,7 @@ def test_segment_files_are_sparse_owner_only_and_removed_on_close(tmp_path, wher
 
 
 def test_close_keeps_live_arrays_valid(small_pool):
-    lease = small_pool.lease(4096)
+    lease = small_pool.allocate(4096)
     view = np.frombuffer(lease.buffer(), np.uint8)
     view[:] = 9
     small_pool.close()
@@ -187,7 +188,7 @@ def test_attachment_refuses_names_that_are_not_pool_names(tmp_path, name):
 
 @pytest.fixture
 def attached(small_pool):
-    lease = small_pool.lease(3 * 4096)
+    lease = small_pool.allocate(3 * 4096)
     lease.buffer()[:4] = b"abcd"
     yield small_pool, PoolAttachment(small_pool.directory, small_pool.name)
     lease.release()
@@ -264,7 +265,7 @@ def _echo_and_check(connection, seed, count, per_call=2):
 
 
 def test_threads_share_the_pool_without_mixing_arrays(connection):
-    baseline = connection.pool.leased_slots
+    baseline = connection.pool.slots_in_use
     before = connection.stats["sent_pool"]
     with ThreadPoolExecutor(4) as executor:
         futures = [executor.submit(_echo_and_check, connection, seed, 50) for seed in range(4)]
@@ -272,19 +273,19 @@ def test_threads_share_the_pool_without_mixing_arrays(connection):
     assert pooled > 20  # the pool really was used, from every thread at once
     assert connection.stats["sent_pool"] > before
     gc.collect()
-    assert connection.pool.leased_slots == baseline
+    assert connection.pool.slots_in_use == baseline
 
 
 def test_results_hold_their_slots_until_they_are_freed(connection):
-    baseline = connection.pool.leased_slots
+    baseline = connection.pool.slots_in_use
     big = np.random.default_rng(5).standard_normal((300, 300))
     results = [connection.echo(big)[0] for _ in range(3)]
-    assert connection.pool.leased_slots > baseline
+    assert connection.pool.slots_in_use > baseline
     for result in results:
         np.testing.assert_array_equal(result, big)  # none overwritten by a later request
     del result, results
     gc.collect()
-    assert connection.pool.leased_slots == baseline
+    assert connection.pool.slots_in_use == baseline
 
 
 def _child_echoes(connection_file, seed, count):
@@ -312,7 +313,7 @@ def test_two_processes_share_one_worker(worker, connection):
 def test_array_larger_than_a_segment_round_trips(connection):
     big = np.random.default_rng(3).standard_normal(10_000_000)  # 80 MB: 77 slots, a segment holds 64
     assert big.nbytes > 64 * SLOT_SIZE
-    baseline = connection.pool.leased_slots
+    baseline = connection.pool.slots_in_use
     before = dict(connection.stats)
     result = connection.echo(big[::-1].reshape(2000, 5000), big)
     np.testing.assert_array_equal(result[0], big[::-1].reshape(2000, 5000))
@@ -322,4 +323,4 @@ def test_array_larger_than_a_segment_round_trips(connection):
     assert any(os.path.getsize(p) > 64 * SLOT_SIZE for p in connection.pool.paths)
     del result
     gc.collect()
-    assert connection.pool.leased_slots == baseline
+    assert connection.pool.slots_in_use == baseline

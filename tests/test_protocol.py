@@ -238,7 +238,7 @@ def _codec_pair(path, pool, leases):
         return Encoder(inline_max=0), None
 
     def place(nbytes):
-        lease = pool.lease(nbytes)
+        lease = pool.allocate(nbytes)
         leases.append(lease)
         return lease.segment, lease.offset, lease.buffer()
 
@@ -255,7 +255,7 @@ def test_array_round_trip(name, path, pool):
     finally:
         for lease in leases:
             lease.release()
-    assert pool.leased_slots == 0
+    assert pool.slots_in_use == 0
 
 
 def _round_trip(original, path, pool, leases):
@@ -395,7 +395,7 @@ def test_decoder_rejects_arrays_that_are_not_a_list():
          "offset-none", "shape-huge"],
 )
 def test_decoder_never_reads_outside_the_pool(pool, where):
-    lease = pool.lease(64)
+    lease = pool.allocate(64)
     try:
         desc = _desc(where="pool", data=_DROP, **where)
         decoder = Decoder({"arrays": [desc]}, [], read_pool=PoolAttachment(pool.directory, pool.name).buffer)
@@ -444,7 +444,7 @@ def test_small_arrays_go_inline(connection):
 
 
 def test_large_arrays_go_through_the_pool(connection):
-    assert connection.pool is not None and connection.hello["pool"]
+    assert connection.pool is not None and connection.capabilities.pool
     big = np.random.default_rng(0).standard_normal((300, 40))  # 96 KB > INLINE_MAX
     before = dict(connection.stats)
     out = _check_echo(connection, [big, np.arange(3)])

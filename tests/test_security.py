@@ -27,8 +27,9 @@ from sklearn.preprocessing import StandardScaler
 import sklearn_gpu_bridge
 from sklearn_gpu_bridge import GPUStandardScaler, ProtocolError
 from sklearn_gpu_bridge.protocol import Session, new_id
-from sklearn_gpu_bridge.worker import Worker
-from sklearn_gpu_bridge.worker.server import ConfigurationError, make_curve_keys
+from sklearn_gpu_bridge.worker import check_settings
+from sklearn_gpu_bridge.errors import ConfigurationError
+from sklearn_gpu_bridge.keys import make_pair as make_curve_keys
 
 from .conftest import WorkerProcess, assert_same, use_worker
 
@@ -319,6 +320,12 @@ def _start_refused(tmp_path, *args, timeout=60):
     return run.returncode, run.stdout + run.stderr
 
 
+def _private_file(path, text):
+    path.write_text(text)
+    path.chmod(0o600)
+    return path
+
+
 def _make_keys(folder, cli=False):
     if not cli:
         return make_curve_keys(folder)
@@ -331,13 +338,13 @@ def _make_keys(folder, cli=False):
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.0.2.1", "example.org", "127.0.0.1.nip.io"])
 def test_binding_beyond_loopback_without_keys_is_refused(host):
     with pytest.raises(ConfigurationError, match="needs CurveZMQ encryption keys") as refused:
-        Worker.check_settings(host=host)
+        check_settings(bind=host)
     assert "sklearn-gpu-bridge keys DIR" in str(refused.value)
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "127.3.4.5", "::1", "localhost"])
 def test_loopback_needs_no_keys(host):
-    key, curve = Worker.check_settings(host=host)
+    key, curve = check_settings(bind=host)
     assert re.fullmatch(r"[0-9a-f]{64}", key) and curve is None
 
 
@@ -363,19 +370,19 @@ def test_keys_command_writes_an_owner_only_secret_and_refuses_to_overwrite(tmp_p
 
 def test_a_secret_key_file_that_others_can_read_is_refused(tmp_path):
     _, secret_file = _make_keys(tmp_path / "keys")
-    assert Worker.check_settings(host="0.0.0.0", curve_secret_key=secret_file)[1] is not None
+    assert check_settings(bind="0.0.0.0", curve_secret_key=secret_file)[1] is not None
     os.chmod(secret_file, 0o640)
     with pytest.raises(ConfigurationError, match=f"chmod 600 {secret_file}"):
-        Worker.check_settings(host="0.0.0.0", curve_secret_key=secret_file)
+        check_settings(bind="0.0.0.0", curve_secret_key=secret_file)
 
 
 def test_a_public_key_file_is_no_secret_key(tmp_path):
     public_file, _ = _make_keys(tmp_path / "keys")
     os.chmod(public_file, 0o600)
     with pytest.raises(ConfigurationError, match="holds no secret key"):
-        Worker.check_settings(host="0.0.0.0", curve_secret_key=public_file)
+        check_settings(bind="0.0.0.0", curve_secret_key=public_file)
     with pytest.raises(ConfigurationError, match="No such file"):
-        Worker.check_settings(host="0.0.0.0", curve_secret_key=tmp_path / "absent")
+        check_settings(bind="0.0.0.0", curve_secret_key=tmp_path / "absent")
 
 
 @pytest.mark.parametrize("key, message", [
@@ -384,19 +391,19 @@ def test_a_public_key_file_is_no_secret_key(tmp_path):
 ], ids=["empty", "empty-bytes", "blank", "short", "not-hex"])
 def test_a_bad_signing_key_is_refused(key, message):
     with pytest.raises(ConfigurationError, match=message):
-        Worker.check_settings(host="127.0.0.1", key=key)
+        check_settings(bind="127.0.0.1", key=key)
 
 
 def test_worker_command_with_an_empty_key_file_exits(tmp_path):
-    (tmp_path / "key").write_text("")
+    _private_file(tmp_path / "key", "")
     code, output = _start_refused(tmp_path, "--key-file", str(tmp_path / "key"))
     assert code != 0 and "empty" in output and "signing off" in output
 
 
 def test_worker_uses_a_signing_key_it_is_given(tmp_path):
     key = os.urandom(32).hex()
-    (tmp_path / "key").write_text(key + "\n")
-    process = WorkerProcess(tmp_path, extra_args=("--key-file", str(tmp_path / "key")))
+    _private_file(tmp_path / "key", key + "\n")
+    process = WorkerProcess(tmp_path, key_file=tmp_path / "key")
     try:
         assert process.info.key == key
         client = RawClient(process)
@@ -412,11 +419,10 @@ def test_worker_uses_a_signing_key_it_is_given(tmp_path):
 def test_client_refuses_a_connection_file_with_a_bad_key(worker, tmp_path, key):
     data = json.loads(worker.connection_file.read_text())
     data["key"] = key
-    path = tmp_path / "bad-key.json"
-    path.write_text(json.dumps(data))
+    path = _private_file(tmp_path / "bad-key.json", json.dumps(data))
     sklearn_gpu_bridge.reset_connection()
     with sklearn_gpu_bridge.config_context(connection_file=str(path)):
-        with pytest.raises(ProtocolError, match="empty key|not hex"):
+        with pytest.raises(ConfigurationError, match="is empty|hex digits"):
             sklearn_gpu_bridge.get_connection()
     sklearn_gpu_bridge.reset_connection()
 
@@ -445,7 +451,7 @@ def test_loopback_worker_speaks_plain_zmtp_signed_by_hmac(worker):
 def curve_worker(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("curve")
     public_file, secret_file = _make_keys(tmp_path / "keys")
-    process = WorkerProcess(tmp_path, extra_args=("--bind", "0.0.0.0", "--curve-secret-key", str(secret_file)))
+    process = WorkerProcess(tmp_path, bind="0.0.0.0", curve_secret_key=secret_file)
     yield process, zmq.auth.load_certificate(public_file)[0].decode()
     sklearn_gpu_bridge.reset_connection()
     process.stop()

@@ -21,10 +21,12 @@ import pytest
 from click.testing import CliRunner
 
 import sklearn_gpu_bridge
-from sklearn_gpu_bridge import doctor, service, transport
+from sklearn_gpu_bridge import doctor, service
+from sklearn_gpu_bridge.host import exited
+from sklearn_gpu_bridge.statefile import read_state
 from sklearn_gpu_bridge.cli import main as cli_main
 from sklearn_gpu_bridge.connect import read_connection_file
-from sklearn_gpu_bridge.shm import pid_alive
+from sklearn_gpu_bridge.host import pid_alive
 
 
 def _env(home):
@@ -46,7 +48,7 @@ def _kill(pid):
 def _wait_gone(pid, seconds=10):
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        if service._gone(pid):
+        if exited(pid):
             return True
         time.sleep(0.05)
     return False
@@ -79,7 +81,7 @@ def test_start_detaches_a_worker_and_leaves_the_file_where_clients_look(backgrou
     assert pid_alive(background.pid)  # outlived the `start` process
     assert os.getsid(background.pid) != os.getsid(0)  # its own session: no SIGHUP from this terminal
     log = background.log_file.read_text()
-    assert "sklearn-gpu-bridge start:" in log and "worker ready on tcp://127.0.0.1:" in log
+    assert "starting: " in log and "-m sklearn_gpu_bridge.worker" in log and "worker ready on tcp://127.0.0.1:" in log
     assert stat.S_IMODE(background.log_file.stat().st_mode) == 0o600
 
 
@@ -175,11 +177,13 @@ def test_doctor_names_the_fix_for_a_foreign_key_and_a_stale_file(background, tmp
         free_port = s.getsockname()[1]
     stale = tmp_path / "stale.json"
     stale.write_text(json.dumps({**data, "address": f"tcp://127.0.0.1:{free_port}"}))
-    os.chmod(stale, 0o644)
+    os.chmod(stale, 0o644)  # readable by others: refused, with the command that fixes it
     result = doctor.run(connection_file=stale, measure=False)
     checks = {c["name"]: c for c in result["checks"]}
     assert not result["ok"]
-    assert checks["connection file"]["status"] == "warn" and checks["connection file"]["fix"] == f"chmod 600 {stale}"
+    assert checks["connection file"]["status"] == "fail" and checks["connection file"]["fix"] == f"chmod 600 {stale}"
+    os.chmod(stale, 0o600)
+    checks = {c["name"]: c for c in doctor.run(connection_file=stale, measure=False)["checks"]}
     assert checks["worker reachable"]["status"] == "fail" and "stale" in checks["worker reachable"]["detail"]
     missing = doctor.run(connection_file=tmp_path / "absent.json", measure=False)
     fix = {c["name"]: c for c in missing["checks"]}["connection file"]["fix"]
@@ -284,7 +288,7 @@ def test_start_wsl_doctor_and_stop_through_wsl_exe(tmp_path, fake_wsl):
     result = service.start(backend="sklearn", connection_file=connection_file, use_wsl=True, distro="FakeLinux",
                            python=sys.executable, wsl_exe=str(exe), windows=False)
     linux_pid = result["pid"]
-    state = transport.read_state(connection_file)
+    state = read_state(connection_file)
     try:
         assert result["running"] and result["wsl"]["distro"] == "FakeLinux"
         assert result["log_file"] == str(connection_file.with_suffix(".log"))

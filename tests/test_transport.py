@@ -6,9 +6,11 @@ import numpy as np
 import pytest
 
 import sklearn_gpu_bridge
-from sklearn_gpu_bridge import transport
+from sklearn_gpu_bridge import transport_choice
 from sklearn_gpu_bridge.connect import read_connection_file
+from sklearn_gpu_bridge.measure import measure
 from sklearn_gpu_bridge.shm.pool import default_directory
+from sklearn_gpu_bridge.statefile import update_state
 
 
 @pytest.fixture
@@ -21,7 +23,7 @@ def fake_worker_file(tmp_path):
 
 
 def _record(path, choice, pool_directory, pid=4242, results=()):
-    transport.update_state(path, transport={
+    update_state(path, transport={
         "choice": choice, "pool_directory": pool_directory, "measured_at": "then",
         "worker": {"address": "tcp://127.0.0.1:5555", "pid": pid}, "results": list(results),
     })
@@ -29,8 +31,8 @@ def _record(path, choice, pool_directory, pid=4242, results=()):
 
 def _pool(path, **settings):
     with sklearn_gpu_bridge.config_context(connection_file=str(path), **settings):
-        config = sklearn_gpu_bridge.get_config()
-    return config["pool"], config["pool_directory"]
+        pool, pool_directory, _ = transport_choice.client_transport()
+    return pool, pool_directory
 
 
 def test_frames_turns_the_pool_off(fake_worker_file, monkeypatch):
@@ -61,7 +63,7 @@ def test_explicit_settings_beat_the_measurement(fake_worker_file, tmp_path, monk
 
 
 def test_pool_uses_the_fastest_coherent_folder_else_the_one_start_set_up(fake_worker_file, tmp_path):
-    transport.update_state(fake_worker_file, pool_candidates=[{"name": "windows-disk", "client": "C:\\pool",
+    update_state(fake_worker_file, pool_candidates=[{"name": "windows-disk", "client": "C:\\pool",
                                                                "worker": "/mnt/c/pool"}])
     assert _pool(fake_worker_file, transport="pool") == ("auto", "C:\\pool")
     _record(fake_worker_file, "frames", None, results=[
@@ -82,21 +84,21 @@ def test_choose_prefers_frames_unless_a_pool_is_clearly_faster():
     frames = {"name": "frames", "pool_directory": None, "available": True, "coherent": True, "mb_per_s": 1000}
     pool = {"name": "shm", "pool_directory": "/dev/shm", "available": True, "coherent": True, "mb_per_s": 1050}
     stale = {"name": "windows-disk", "pool_directory": "C:\\p", "available": True, "coherent": False}
-    assert transport.choose([frames, pool, stale]) is frames  # within 10%: the simpler path
+    assert transport_choice.choose([frames, pool, stale]) is frames  # within 10%: the simpler path
     pool["mb_per_s"] = 5000
-    assert transport.choose([frames, pool, stale]) is pool
-    assert transport.choose([stale]) is None
-    assert transport.choose([dict(stale, coherent=True, mb_per_s=9e9, available=False)]) is None
+    assert transport_choice.choose([frames, pool, stale]) is pool
+    assert transport_choice.choose([stale]) is None
+    assert transport_choice.choose([dict(stale, coherent=True, mb_per_s=9e9, available=False)]) is None
 
 
 def test_measure_against_a_real_worker_checks_every_byte(worker, tmp_path):
     info = read_connection_file(worker.connection_file)
     candidates = [("frames", None), ("default", default_directory()), ("unseen", str(tmp_path))]
-    results = transport.measure(info, worker.connection_file, candidates, quick=True)
+    results = measure(info, worker.connection_file, candidates, quick=True)
     by_name = {r["name"]: r for r in results}
     assert by_name["frames"]["coherent"] and by_name["frames"]["path"] == "frame"
     assert by_name["default"]["coherent"] and by_name["default"]["path"] == "pool"
     assert by_name["frames"]["mb_per_s"] > 0 and by_name["frames"]["latency_ms"] > 0
     assert not by_name["unseen"]["available"] and "--pool-dir" in by_name["unseen"]["why"]
-    assert transport.choose(results)["name"] in ("frames", "default")
+    assert transport_choice.choose(results)["name"] in ("frames", "default")
     assert np.isfinite(by_name["default"]["mb_per_s"])

@@ -18,7 +18,7 @@ import sklearn_gpu_bridge
 from sklearn_gpu_bridge import GPUSVC, GPUStandardScaler, VersionMismatch, WorkerLost, WorkerUnavailable
 from sklearn_gpu_bridge.connect import ConnectionInfo, new_key, write_connection_file
 from sklearn_gpu_bridge.protocol import PROTOCOL_VERSION
-from sklearn_gpu_bridge.shm import pid_alive
+from sklearn_gpu_bridge.host import pid_alive
 
 from .conftest import BACKEND, WorkerProcess, use_worker
 

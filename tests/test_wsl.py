@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from sklearn_gpu_bridge import wsl
-from sklearn_gpu_bridge.connect import make_private_folder, windows_user
+from sklearn_gpu_bridge.host import make_private_folder, windows_user
 from sklearn_gpu_bridge.service import worker_argv
 
 

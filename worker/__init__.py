@@ -1,6 +1,10 @@
-"""The worker process: a ZeroMQ server in front of cuML (or scikit-learn on CPU)."""
+"""The worker process: a ZeroMQ server in front of cuML (or scikit-learn on CPU).
 
-from .backends import CLASSES, CumlBackend, SklearnBackend, make_backend
-from .server import Worker
+Worker side: it imports the shared core (protocol, pool, catalogue, errors);
+nothing on the client side imports it at module level.
+"""
 
-__all__ = ["CLASSES", "CumlBackend", "SklearnBackend", "Worker", "make_backend"]
+from .backends import CumlBackend, SklearnBackend, make_backend
+from .server import Worker, check_settings
+
+__all__ = ["CumlBackend", "SklearnBackend", "Worker", "check_settings", "make_backend"]

@@ -1,19 +1,30 @@
 """The GPU* estimators: scikit-learn estimators whose work runs on the worker.
 
-Each is declared in the module named after its cuML module (see spec.py).
+Each is declared in the module named after its cuML module (see spec.py),
+and is imported on first use: ``from sklearn_gpu_bridge.estimators import GPUSVC``
+loads ``svm.py`` alone.
 """
 
-from .cluster import *  # noqa: F403
-from .covariance import *  # noqa: F403
-from .decomposition import *  # noqa: F403
-from .ensemble import *  # noqa: F403
-from .kernel_ridge import *  # noqa: F403
-from .linear_model import *  # noqa: F403
-from .manifold import *  # noqa: F403
-from .naive_bayes import *  # noqa: F403
-from .neighbors import *  # noqa: F403
-from .preprocessing import *  # noqa: F403
-from .spec import REGISTRY
-from .svm import *  # noqa: F403
+import importlib
 
-__all__ = sorted(REGISTRY)
+from ..catalogue import ESTIMATORS
+
+#: GPU<name> -> the module that declares it (cuML's module name)
+MODULES = {f"GPU{row.name}": row.module for row in ESTIMATORS.values()}
+__all__ = sorted(MODULES)
+
+
+def __getattr__(name):
+    module = MODULES.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{module}", __name__), name)
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))
+
+
+def load_all():
+    """Every wrapper, by class name (tests and docs walk them)."""
+    return {name: __getattr__(name) for name in __all__}

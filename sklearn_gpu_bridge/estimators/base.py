@@ -22,8 +22,10 @@ use. Where no worker can be reached at all, ``cpu_fallback=True`` lets it
 answer with the local scikit-learn model (with a warning); by default that is
 an error naming the option. A fit never falls back: it needs a worker.
 
-The methods themselves are small mixins (``Predict``, ``Transform`` ...) at
-the end of this module; ``spec.py`` puts them together per class.
+The wrapper asks; the connection places: validating and describing what is
+sent is the wrapper's, casting, encoding and sizing the reply's room are the
+client's (:class:`client.Connection`). The public methods are small mixins
+(``methods.py``); ``spec.py`` puts them together per class.
 """
 
 import warnings
@@ -34,21 +36,13 @@ import numpy as np
 from sklearn.base import BaseEstimator
 from sklearn.utils import assert_all_finite
 from sklearn.utils.multiclass import check_classification_targets
-from sklearn.utils.validation import (
-    FLOAT_DTYPES,
-    _check_sample_weight,
-    check_array,
-    check_is_fitted,
-    column_or_1d,
-    validate_data,
-)
+from sklearn.utils.validation import FLOAT_DTYPES, _check_sample_weight, check_array, check_is_fitted, validate_data
 
 from .. import __version__
 from ..client import get_connection
 from ..config import get_setting
 from ..errors import WorkerUnavailable
 from ..parallel import PARALLEL_MIN, all_sums_finite
-from ..protocol import to_plain
 
 _STATE_KEYS = ("_remote", "_sklearn_model", "_backend_state")
 # Set locally by validation; the remote model's copies are never consulted (and
@@ -64,11 +58,11 @@ class RemoteHandle:
 
     def __init__(self, connection, handle):
         self.handle = handle
-        self.worker_id = connection.hello["worker_id"]
+        self.worker_id = connection.capabilities.worker_id
         weakref.finalize(self, connection.schedule_release, handle)
 
     def usable_on(self, connection):
-        return connection.hello["worker_id"] == self.worker_id
+        return connection.capabilities.worker_id == self.worker_id
 
 
 class StateLost(WorkerUnavailable):
@@ -147,19 +141,15 @@ class RemoteEstimator(BaseEstimator):
 
     def _fit_prepared(self, method, X, y, fit_kwargs):
         connection = get_connection()  # no worker: WorkerUnavailable; a fit never falls back
-        args = [_for_backend(X, connection)] + ([] if y is None else [y])
-        params, blob = self._remote_params()
-        value = connection.fit(
-            self._remote_name, params, method, args, fit_kwargs,
-            params_blob=blob, out_nbytes=0 if method in ("fit", "partial_fit") else _out_room(X, self),
-        )
+        args = [X] + ([] if y is None else [y])
+        fitted = connection.fit(self._remote_name, self._remote_params(), method, args, fit_kwargs)
         for key in _STATE_KEYS:
             self.__dict__.pop(key, None)
-        self._remote = RemoteHandle(connection, value["handle"])
-        self._warn_dropped(value.get("dropped", ()))
+        self._remote = RemoteHandle(connection, fitted.handle)
+        self._warn_dropped(fitted.dropped)
         if _state_sync() == "eager":
             self._pull_state()
-        return value["result"]
+        return fitted.result
 
     def _partial_fit_remote(self, X, y=None, **kwargs):
         """partial_fit: the first call creates the remote model, later ones update it."""
@@ -174,7 +164,7 @@ class RemoteEstimator(BaseEstimator):
             self._pull_state()
 
     def _remote_params(self):
-        """(plain params, None), or (None, cloudpickle blob) when a value is not plain."""
+        """The parameters the worker builds its estimator with: the user's, and the wire's overrides."""
         params = self.get_params(deep=False)
         params.update(self._wire_params)
         if self._target == "labels" and isinstance(params.get("class_weight"), dict):
@@ -183,10 +173,7 @@ class RemoteEstimator(BaseEstimator):
             params["class_weight"] = {
                 codes[k]: w for k, w in params["class_weight"].items() if k in codes
             }
-        try:
-            return to_plain(params), None
-        except TypeError:
-            return None, cloudpickle.dumps(params)
+        return params
 
     def _warn_dropped(self, dropped):
         if not dropped:
@@ -229,10 +216,7 @@ class RemoteEstimator(BaseEstimator):
                 raise
             return self._run_on_cpu(method, args, kwargs, exc)
         handle = self._handle_on(connection)
-        arrays = [_for_backend(a, connection) if isinstance(a, np.ndarray) else a for a in args]
-        first = next((a for a in args if isinstance(a, np.ndarray)), None)
-        return connection.call(handle, method, arrays, kwargs,
-                               out_nbytes=_out_room(first, self) if first is not None else 0)
+        return connection.call(handle, method, args, kwargs, n_classes=len(getattr(self, "classes_", ())))
 
     def _run_on_cpu(self, method, args, kwargs, exc):
         name = type(self).__name__
@@ -293,10 +277,10 @@ class RemoteEstimator(BaseEstimator):
         if "_sklearn_model" in self.__dict__:
             return "sklearn", cloudpickle.dumps(self._sklearn_model)
         backend, fmt, blob = self._backend_state
-        if backend != connection.hello["backend"]:
+        if backend != connection.capabilities.backend:
             raise TypeError(
                 f"this {type(self).__name__} was fitted on the {backend} backend and has no "
-                f"scikit-learn form; it cannot be loaded on a {connection.hello['backend']} worker"
+                f"scikit-learn form; it cannot be loaded on a {connection.capabilities.backend} worker"
             )
         return fmt, blob
 
@@ -363,40 +347,6 @@ def _same(a, b):
         return a is b
 
 
-def _for_backend(X, connection):
-    """Cast float64 to the backend's float dtype (cuML: float32) before it travels.
-
-    Arrays of strings or objects (categories) cannot travel as arrays: they go
-    as nested lists of plain values inside the signed header.
-    """
-    dtype = getattr(X, "dtype", None)
-    if dtype is None:
-        return X
-    if dtype.kind in "OUS":
-        try:
-            return to_plain(X.tolist())
-        except TypeError as exc:
-            raise TypeError(f"values of type {exc} cannot be sent to the worker") from None
-    float_dtype = connection.hello.get("float_dtype")
-    if float_dtype and dtype == np.float64:
-        try:  # the cast itself notices a value too large for float32: no second pass over the array
-            with np.errstate(over="raise"):
-                return X.astype(float_dtype)
-        except FloatingPointError:  # finite in float64 (validated), infinite in float32: scikit-learn's words
-            with np.errstate(over="ignore"):
-                assert_all_finite(X.astype(float_dtype), allow_nan=True, input_name="X")
-            raise
-    return X
-
-
-def _out_room(X, estimator):
-    """Pool room for the reply's arrays: generous, since the pool is sparse and trimmed after."""
-    if X is None or not hasattr(X, "shape"):
-        return 0
-    width = max(X.shape[1] if X.ndim > 1 else 1, len(getattr(estimator, "classes_", ())) ** 2, 2)
-    return X.shape[0] * width * 8
-
-
 def _classes_and_codes(y):
     """``np.unique(y, return_inverse=True)`` after scikit-learn's target check.
 
@@ -423,257 +373,3 @@ def decode_labels(estimator, codes):
     return estimator.classes_.take(np.asarray(codes, dtype=np.intp))
 
 
-# ---------------------------------------------------------------- methods
-# One small mixin per method (and per signature, where scikit-learn's differs:
-# estimator checks read ``fit``'s signature for ``sample_weight``). spec.py
-# puts the ones a class has FIRST in its bases, so that the one-trip
-# fit_transform / fit_predict win over scikit-learn's mixins (which would fit,
-# then make a second trip).
-
-
-class FitSupervised:
-    def fit(self, X, y):
-        self._fit_remote("fit", X, y)
-        return self
-
-
-class FitSupervisedWeighted:
-    def fit(self, X, y, sample_weight=None):
-        self._fit_remote("fit", X, y, sample_weight=sample_weight)
-        return self
-
-
-class FitUnsupervised:
-    def fit(self, X, y=None):
-        self._fit_remote("fit", X)
-        return self
-
-
-class FitUnsupervisedWeighted:
-    def fit(self, X, y=None, sample_weight=None):
-        self._fit_remote("fit", X, sample_weight=sample_weight)
-        return self
-
-
-class Predict:
-    def predict(self, X):
-        result = self._call_remote("predict", X)
-        return decode_labels(self, result) if self._target == "labels" else result
-
-
-class PredictProba:
-    def predict_proba(self, X):
-        return self._call_remote("predict_proba", X)
-
-
-class PredictLogProba:
-    def predict_log_proba(self, X):
-        return self._call_remote("predict_log_proba", X)
-
-
-class DecisionFunction:
-    def decision_function(self, X):
-        return self._call_remote("decision_function", X)
-
-
-class ScoreSamples:
-    def score_samples(self, X):
-        return self._call_remote("score_samples", X)
-
-
-class Score:
-    """A score computed by the model itself (KernelDensity)."""
-
-    def score(self, X, y=None):
-        return self._call_remote("score", X)
-
-
-class ScoreTest:
-    """The log-likelihood of X_test under a fitted covariance model."""
-
-    def score(self, X_test, y=None):
-        return self._call_remote("score", X_test)
-
-
-class ScoreWeighted:
-    def score(self, X, y=None, sample_weight=None):
-        kwargs = {} if sample_weight is None else {"sample_weight": sample_weight}
-        return self._call_remote("score", X, **kwargs)
-
-
-class Transform:
-    def transform(self, X):
-        return self._call_remote("transform", X)
-
-
-class InverseTransform:
-    def inverse_transform(self, X):
-        return self._call_remote("inverse_transform", X, in_output_space=True)
-
-
-class FitTransform:
-    def fit_transform(self, X, y=None):
-        """Fit and transform in one round trip."""
-        return self._fit_remote("fit_transform", X, y)
-
-
-class FitTransformWeighted:
-    def fit_transform(self, X, y=None, sample_weight=None):
-        """Fit and transform in one round trip."""
-        return self._fit_remote("fit_transform", X, sample_weight=sample_weight)
-
-
-class FitPredict:
-    def fit_predict(self, X, y=None):
-        """Fit and return the labels of the training set in one round trip."""
-        return self._fit_remote("fit_predict", X)
-
-
-class FitPredictWeighted:
-    def fit_predict(self, X, y=None, sample_weight=None):
-        """Fit and return the labels of the training set in one round trip."""
-        return self._fit_remote("fit_predict", X, sample_weight=sample_weight)
-
-
-class PartialFit:
-    def partial_fit(self, X, y=None):
-        self._partial_fit_remote(X)
-        return self
-
-
-class PartialFitClassifier:
-    def partial_fit(self, X, y, classes=None):
-        if not self.__sklearn_is_fitted__() and classes is not None:
-            return self._partial_fit_first(X, y, classes)
-        self._partial_fit_remote(X, y)
-        return self
-
-    def _partial_fit_first(self, X, y, classes, **kwargs):
-        X, y = self._validate(X, y, reset=True)
-        check_classification_targets(y)
-        self.classes_ = np.unique(classes)
-        codes = self._encode_labels(y)
-        kwargs["classes"] = np.arange(len(self.classes_))
-        self._fit_prepared("partial_fit", X, codes, kwargs)
-        return self
-
-
-class PartialFitClassifierWeighted(PartialFitClassifier):
-    def partial_fit(self, X, y, classes=None, sample_weight=None):
-        kwargs = {}
-        if sample_weight is not None:
-            kwargs["sample_weight"] = _check_sample_weight(sample_weight, X)
-        if not self.__sklearn_is_fitted__() and classes is not None:
-            return self._partial_fit_first(X, y, classes, **kwargs)
-        self._partial_fit_remote(X, y, **kwargs)
-        return self
-
-
-class KNeighbors:
-    _records_n_samples = True
-
-    def kneighbors(self, X=None, n_neighbors=None, return_distance=True):
-        """(distances, indices) of the nearest training samples; X=None: of the training set itself."""
-        kwargs = {"return_distance": return_distance}
-        if n_neighbors is not None:
-            kwargs["n_neighbors"] = n_neighbors
-        result = self._call_remote("kneighbors", X, **kwargs)
-        return tuple(result) if isinstance(result, list) else result
-
-    def kneighbors_graph(self, X=None, n_neighbors=None, mode="connectivity"):
-        """The k-neighbors graph as a CSR matrix, built locally from :meth:`kneighbors`."""
-        from scipy.sparse import csr_matrix
-
-        if n_neighbors is None:
-            n_neighbors = self.n_neighbors
-        if mode == "connectivity":
-            indices = self.kneighbors(X, n_neighbors, return_distance=False)
-            data = np.ones(indices.size)
-        elif mode == "distance":
-            distances, indices = self.kneighbors(X, n_neighbors, return_distance=True)
-            data = np.ravel(distances)
-        else:
-            raise ValueError(f'Unsupported mode, must be one of "connectivity", or "distance" but got "{mode}" instead')
-        n_queries = indices.shape[0]
-        indptr = np.arange(0, n_queries * n_neighbors + 1, n_neighbors)
-        return csr_matrix((data, indices.ravel(), indptr), shape=(n_queries, self.n_samples_fit_))
-
-
-class Mahalanobis:
-    def mahalanobis(self, X):
-        return self._call_remote("mahalanobis", X)
-
-
-class CovarianceExtras:
-    """Computed locally from the fitted ``covariance_``, as scikit-learn does."""
-
-    def get_precision(self):
-        check_is_fitted(self)
-        if self.store_precision:
-            return self.precision_
-        from scipy import linalg
-
-        return linalg.pinvh(self.covariance_, check_finite=False)
-
-    def error_norm(self, comp_cov, norm="frobenius", scaling=True, squared=True):
-        from sklearn.covariance import EmpiricalCovariance
-
-        model = EmpiricalCovariance(store_precision=False)
-        model.covariance_ = np.asarray(self.covariance_)
-        return model.error_norm(comp_cov, norm=norm, scaling=scaling, squared=squared)
-
-
-class Sample:
-    def sample(self, n_samples=1, random_state=None):
-        """Random samples from the fitted density (drawn on the worker)."""
-        if isinstance(random_state, np.random.RandomState):
-            random_state = int(random_state.randint(np.iinfo(np.int32).max))
-        return self._call_remote("sample", n_samples=n_samples, random_state=random_state)
-
-
-class LabelTransformer:
-    """fit(y) / transform(y) on a 1-d label array (LabelEncoder, LabelBinarizer).
-
-    Labels may be strings, which cannot travel: they are encoded locally to
-    codes (``np.unique``, as scikit-learn does), and the worker's model is
-    fitted on the codes.
-    """
-
-    _target = None
-    _validation = {}
-
-    def fit(self, y):
-        self._fit_labels("fit", y)
-        return self
-
-    def fit_transform(self, y):
-        return self._finish(self._fit_labels("fit_transform", y))
-
-    def transform(self, y):
-        check_is_fitted(self)
-        y = column_or_1d(y, warn=True)
-        if not len(y):
-            return self._finish(self._empty())
-        return self._finish(self._run("transform", [self._encode_labels(y)], {}))
-
-    def inverse_transform(self, y):
-        check_is_fitted(self)
-        codes = self._run("inverse_transform", [np.asarray(y)], {})
-        return self.classes_.take(np.asarray(codes, dtype=np.intp))
-
-    def _fit_labels(self, method, y):
-        y = column_or_1d(y, warn=True)
-        self.classes_, codes = np.unique(y, return_inverse=True)
-        return self._fit_prepared(method, codes, None, {})
-
-    def _finish(self, result):
-        return result
-
-    def _empty(self):
-        return np.array([], dtype=np.int64)
-
-    def __sklearn_tags__(self):
-        tags = super().__sklearn_tags__()
-        tags.input_tags.two_d_array = False
-        tags.target_tags.one_d_labels = True
-        return tags

@@ -12,14 +12,14 @@ def _n_components(self):
 GPUPCA = remote_estimator(
     "PCA", "transformer",
     "*, copy=True, iterated_power=15, n_components=None, svd_solver='auto', tol=1e-7, whiten=False",
-    methods="transform fit_transform inverse_transform", features_out=_n_components, tags=_F32,
+    features_out=_n_components, tags=_F32,
     doc="principal component analysis.",
 )
 
 GPUIncrementalPCA = remote_estimator(
     "IncrementalPCA", "transformer",
     "*, n_components=None, whiten=False, copy=True, batch_size=None",
-    methods="transform fit_transform inverse_transform partial_fit", features_out=_n_components,
+    features_out=_n_components,
     tags={"transformer_tags.preserves_dtype": []},  # scikit-learn's computes in float64
     doc="incremental principal component analysis (fits in batches; ``partial_fit`` adds one).",
 )
@@ -27,7 +27,7 @@ GPUIncrementalPCA = remote_estimator(
 GPUTruncatedSVD = remote_estimator(
     "TruncatedSVD", "transformer",
     "*, algorithm='full', n_components=1, n_iter=15, random_state=None, tol=1e-7",
-    methods="transform fit_transform inverse_transform", features_out=_n_components, tags=_F32,
+    features_out=_n_components, tags=_F32,
     doc="dimensionality reduction by truncated SVD (no centering).",
 )
 

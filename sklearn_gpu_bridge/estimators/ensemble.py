@@ -14,14 +14,12 @@ _FOREST = (
 GPURandomForestClassifier = remote_estimator(
     "RandomForestClassifier", "classifier",
     _FOREST.format(criterion="gini", features="sqrt", extra=", class_weight=None"),
-    methods="predict predict_proba predict_log_proba", weighted="fit",
     doc="random forest classifier (histogram splits, ``n_bins`` per feature).",
 )
 
 GPURandomForestRegressor = remote_estimator(
     "RandomForestRegressor", "regressor",
     _FOREST.format(criterion="mse", features=1.0, extra=""),
-    methods="predict", weighted="fit",
     doc="random forest regressor (histogram splits, ``n_bins`` per feature).",
 )
 
@@ -39,7 +37,7 @@ GPUIsolationForest = remote_estimator(
     "IsolationForest", "outlier-detector",
     "*, n_estimators=100, max_samples='auto', max_depth=None, max_features=1.0, bootstrap=False, "
     "random_state=None, contamination='auto'",
-    methods="predict decision_function score_samples fit_predict", bases=(_Float64Scores,),
+    bases=(_Float64Scores,),
     doc="isolation forest outlier detection (``predict``: 1 inlier, -1 outlier).",
 )
 

@@ -5,7 +5,6 @@ from .spec import remote_estimator
 GPUKernelRidge = remote_estimator(
     "KernelRidge", "regressor",
     "*, alpha=1, kernel='linear', gamma=None, degree=3, coef0=1, kernel_params=None",
-    methods="predict", weighted="fit",
     doc="kernel ridge regression.",
 )
 

@@ -5,7 +5,6 @@ from .spec import remote_estimator
 GPULinearRegression = remote_estimator(
     "LinearRegression", "regressor",
     "*, algorithm='auto', fit_intercept=True, copy_X=True",
-    methods="predict", weighted="fit",
     doc="ordinary least squares (eig, svd or qr on the GPU; ``algorithm`` picks).",
 )
 
@@ -13,21 +12,18 @@ GPULogisticRegression = remote_estimator(
     "LogisticRegression", "classifier",
     "*, penalty='l2', tol=1e-4, C=1.0, fit_intercept=True, class_weight=None, max_iter=1000, "
     "linesearch_max_iter=50, l1_ratio=None, solver='qn', lbfgs_memory=5, penalty_normalized=True",
-    methods="predict predict_proba predict_log_proba decision_function", weighted="fit",
     doc="logistic regression (quasi-Newton solver on the GPU).",
 )
 
 GPURidge = remote_estimator(
     "Ridge", "regressor",
     "alpha=1.0, *, fit_intercept=True, solver='auto', tol=1e-4, max_iter=None, copy_X=True",
-    methods="predict", weighted="fit",
     doc="linear least squares with l2 regularization.",
 )
 
 GPULasso = remote_estimator(
     "Lasso", "regressor",
     "alpha=1.0, *, fit_intercept=True, max_iter=1000, tol=1e-3, solver='auto', selection='cyclic'",
-    methods="predict", weighted="fit",
     doc="linear model with l1 regularization (coordinate descent or quasi-Newton).",
 )
 
@@ -35,7 +31,6 @@ GPUElasticNet = remote_estimator(
     "ElasticNet", "regressor",
     "alpha=1.0, *, l1_ratio=0.5, fit_intercept=True, max_iter=1000, tol=1e-3, solver='auto', "
     "selection='cyclic'",
-    methods="predict", weighted="fit",
     doc="linear model with combined l1 and l2 regularization.",
 )
 
@@ -60,8 +55,7 @@ _MBSGD_PARAMS = (
 )
 
 GPUMBSGDClassifier = remote_estimator(
-    "MBSGDClassifier", "classifier", _MBSGD_PARAMS.format(loss="hinge"),
-    methods="predict decision_function", bases=(_BinaryOnly,),
+    "MBSGDClassifier", "classifier", _MBSGD_PARAMS.format(loss="hinge"), bases=(_BinaryOnly,),
     tags={"classifier_tags.multi_class": False},
     doc="binary linear classifier (hinge, log or squared loss) fitted by mini-batch SGD. "
         "The scikit-learn backend runs SGDClassifier with the translated parameters.",
@@ -69,7 +63,6 @@ GPUMBSGDClassifier = remote_estimator(
 
 GPUMBSGDRegressor = remote_estimator(
     "MBSGDRegressor", "regressor", _MBSGD_PARAMS.format(loss="squared_loss"),
-    methods="predict",
     doc="linear regression fitted by mini-batch SGD. The scikit-learn backend runs "
         "SGDRegressor with the translated parameters.",
 )

@@ -14,7 +14,7 @@ GPUTSNE = remote_estimator(
     "metric='euclidean', metric_params=None, init='random', random_state=None, method='fft', "
     "angle=0.5, n_neighbors=90, perplexity_max_iter=100, exaggeration_iter=250, pre_momentum=0.5, "
     "post_momentum=0.8, learning_rate_method='adaptive', square_distances=True, precomputed_knn=None",
-    methods="fit_transform", features_out=_n_embedded,
+    features_out=_n_embedded,
     doc="t-distributed stochastic neighbor embedding (FFT or Barnes-Hut on the GPU); like "
         "scikit-learn's it has no ``transform``.",
 )
@@ -27,7 +27,7 @@ GPUUMAP = remote_estimator(
     "a=None, b=None, target_n_neighbors=-1, target_weight=0.5, target_metric='categorical', "
     "hash_input=False, random_state=None, force_serial_epochs=None, precomputed_knn=None, "
     "callback=None, build_algo='auto', build_kwds=None, device_ids=None",
-    methods="transform fit_transform inverse_transform", features_out=_n_embedded,
+    features_out=_n_embedded,
     tags={"transformer_tags.preserves_dtype": ["float32"]},  # cuML and umap-learn embed in float32
     doc="uniform manifold approximation and projection. Its CPU counterpart is umap-learn's "
         "``umap.UMAP`` (the scikit-learn backend needs umap-learn installed on the worker).",
@@ -36,7 +36,6 @@ GPUUMAP = remote_estimator(
 GPUSpectralEmbedding = remote_estimator(
     "SpectralEmbedding", "estimator",
     "n_components=2, affinity='nearest_neighbors', random_state=None, n_neighbors=None",
-    methods="fit_transform",
     doc="spectral embedding of the affinity graph (Laplacian eigenmaps).",
 )
 

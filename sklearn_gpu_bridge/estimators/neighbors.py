@@ -9,27 +9,23 @@ _NEIGHBORS = (
 
 GPUNearestNeighbors = remote_estimator(
     "NearestNeighbors", "estimator", _NEIGHBORS.format(radius="radius=1.0, ", weights=""),
-    methods="kneighbors",
     doc="unsupervised nearest-neighbors search; ``kneighbors`` returns (distances, indices), "
         "``kneighbors_graph`` is built locally from them.",
 )
 
 GPUKNeighborsClassifier = remote_estimator(
     "KNeighborsClassifier", "classifier", _NEIGHBORS.format(radius="", weights="weights='uniform', "),
-    methods="predict predict_proba kneighbors",
     doc="classification by vote of the k nearest neighbors.",
 )
 
 GPUKNeighborsRegressor = remote_estimator(
     "KNeighborsRegressor", "regressor", _NEIGHBORS.format(radius="", weights="weights='uniform', "),
-    methods="predict kneighbors",
     doc="regression on the k nearest neighbors.",
 )
 
 GPUKernelDensity = remote_estimator(
     "KernelDensity", "estimator",
     "*, bandwidth=1.0, kernel='gaussian', metric='euclidean', metric_params=None",
-    methods="score_samples score sample", weighted="fit",
     doc="kernel density estimation.",
 )
 

@@ -4,14 +4,13 @@ import numpy as np
 from scipy import sparse
 from sklearn.utils.validation import FLOAT_DTYPES, check_is_fitted, column_or_1d
 
-from .base import LabelTransformer
+from .methods import LabelTransformer
 from .spec import remote_estimator
 
 _SCALER = {
     "validation": {"dtype": FLOAT_DTYPES, "ensure_all_finite": "allow-nan"},
     "tags": {"input_tags.allow_nan": True, "transformer_tags.preserves_dtype": ["float32"]},
     "features_out": "one-to-one",
-    "methods": "transform fit_transform inverse_transform partial_fit",
 }
 
 GPUStandardScaler = remote_estimator(
@@ -51,8 +50,7 @@ class _PolynomialNames:
 
 GPUPolynomialFeatures = remote_estimator(
     "PolynomialFeatures", "transformer",
-    "degree=2, *, interaction_only=False, include_bias=True, order='C'",
-    methods="transform fit_transform", bases=(_PolynomialNames,),
+    "degree=2, *, interaction_only=False, include_bias=True, order='C'", bases=(_PolynomialNames,),
     tags={"transformer_tags.preserves_dtype": ["float32"]},
     doc="polynomial and interaction features.",
 )
@@ -129,7 +127,7 @@ class _SparseOutput:
 GPUOneHotEncoder = remote_estimator(
     "OneHotEncoder", "transformer",
     "*, categories='auto', drop=None, sparse_output=True, dtype=np.float32, handle_unknown='error'",
-    methods="transform fit_transform inverse_transform", bases=(_SparseOutput,),
+    bases=(_SparseOutput,),
     features_out="model", validation={"dtype": None, "ensure_all_finite": "allow-nan"},
     wire={"sparse_output": False},
     tags={"input_tags.categorical": True, "input_tags.allow_nan": True,
@@ -160,8 +158,7 @@ class _TargetEncoderNames:
 GPUTargetEncoder = remote_estimator(
     "TargetEncoder", "supervised-transformer",
     "*, n_folds=4, smooth=0, seed=42, split_method='interleaved', stat='mean', "
-    "multi_feature_mode='combination'",
-    methods="transform fit_transform", bases=(_TargetEncoderNames,), validation={"dtype": None},
+    "multi_feature_mode='combination'", bases=(_TargetEncoderNames,), validation={"dtype": None},
     tags={"input_tags.categorical": True, "target_tags.required": True,
           "transformer_tags.preserves_dtype": []},
     doc="encode categories by the mean of the target (cross-fitted in ``fit_transform``).",

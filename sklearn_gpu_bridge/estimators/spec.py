@@ -1,13 +1,12 @@
 """Wrappers from declarations: one ``remote_estimator(...)`` call per cuML class.
 
-A declaration names the class (its key in the worker's table, ``backends.CLASSES``),
-its kind, cuML's ``__init__`` parameters as they read in cuML's source, and
-the methods it has::
+A declaration names the class (its row in the catalogue, which lists its
+methods and which of them take ``sample_weight``), its kind, and cuML's
+``__init__`` parameters as they read in cuML's source::
 
     GPURidge = remote_estimator(
         "Ridge", "regressor",
         "alpha=1.0, *, fit_intercept=True, solver='auto', tol=1e-4, max_iter=None, copy_X=True",
-        weighted="fit",
         doc="Ridge regression.",
     )
 
@@ -34,87 +33,83 @@ from sklearn.base import (
 )
 from sklearn.utils.validation import check_is_fitted
 
-from . import base
+from ..catalogue import lookup
+from . import methods as m
+from .base import RemoteEstimator
 
 #: every wrapper built, by class name (tests and docs walk it)
-REGISTRY = {}
+WRAPPERS = {}
 
 # kind -> (scikit-learn mixins, what fit does with y, fit without / with sample_weight)
 KINDS = {
-    "classifier": ((ClassifierMixin,), "labels", base.FitSupervised, base.FitSupervisedWeighted),
-    "regressor": ((RegressorMixin,), "values", base.FitSupervised, base.FitSupervisedWeighted),
-    "transformer": ((TransformerMixin,), None, base.FitUnsupervised, base.FitUnsupervisedWeighted),
-    "supervised-transformer": ((TransformerMixin,), "values", base.FitSupervised, base.FitSupervisedWeighted),
-    "clusterer": ((ClusterMixin,), None, base.FitUnsupervised, base.FitUnsupervisedWeighted),
-    "outlier-detector": ((OutlierMixin,), None, base.FitUnsupervised, base.FitUnsupervisedWeighted),
-    "estimator": ((), None, base.FitUnsupervised, base.FitUnsupervisedWeighted),
-    "label-transformer": ((TransformerMixin,), None, None, None),
+    "classifier": ((ClassifierMixin,), "labels", m.FitSupervised, m.FitSupervisedWeighted),
+    "regressor": ((RegressorMixin,), "values", m.FitSupervised, m.FitSupervisedWeighted),
+    "transformer": ((TransformerMixin,), None, m.FitUnsupervised, m.FitUnsupervisedWeighted),
+    "supervised-transformer": ((TransformerMixin,), "values", m.FitSupervised, m.FitSupervisedWeighted),
+    "clusterer": ((ClusterMixin,), None, m.FitUnsupervised, m.FitUnsupervisedWeighted),
+    "outlier-detector": ((OutlierMixin,), None, m.FitUnsupervised, m.FitUnsupervisedWeighted),
+    "estimator": ((), None, m.FitUnsupervised, m.FitUnsupervisedWeighted),
+    "label-transformer": ((TransformerMixin,), None, None, None),  # the class implements its methods
 }
 
-# method name -> (mixin, mixin when the method takes sample_weight)
+# catalogue method -> (mixin, mixin when the method takes sample_weight)
 METHODS = {
-    "predict": (base.Predict, None),
-    "predict_proba": (base.PredictProba, None),
-    "predict_log_proba": (base.PredictLogProba, None),
-    "decision_function": (base.DecisionFunction, None),
-    "score_samples": (base.ScoreSamples, None),
-    "score": (base.Score, base.ScoreWeighted),
-    "score_test": (base.ScoreTest, None),
-    "transform": (base.Transform, None),
-    "inverse_transform": (base.InverseTransform, None),
-    "fit_transform": (base.FitTransform, base.FitTransformWeighted),
-    "fit_predict": (base.FitPredict, base.FitPredictWeighted),
-    "partial_fit": (base.PartialFit, None),
-    "partial_fit_classifier": (base.PartialFitClassifier, base.PartialFitClassifierWeighted),
-    "kneighbors": (base.KNeighbors, None),
-    "mahalanobis": (base.Mahalanobis, None),
-    "covariance_extras": (base.CovarianceExtras, None),
-    "sample": (base.Sample, None),
+    "predict": (m.Predict, None),
+    "predict_proba": (m.PredictProba, None),
+    "predict_log_proba": (m.PredictLogProba, None),
+    "decision_function": (m.DecisionFunction, None),
+    "score_samples": (m.ScoreSamples, None),
+    "score": (m.Score, m.ScoreWeighted),
+    "transform": (m.Transform, None),
+    "inverse_transform": (m.InverseTransform, None),
+    "fit_transform": (m.FitTransform, m.FitTransformWeighted),
+    "fit_predict": (m.FitPredict, m.FitPredictWeighted),
+    "partial_fit": (m.PartialFit, None),
+    "kneighbors": (m.KNeighbors, None),
+    "mahalanobis": (m.Mahalanobis, None),
+    "sample": (m.Sample, None),
 }
+# classifiers learn classes on their first partial_fit
+CLASSIFIER_METHODS = {"partial_fit": (m.PartialFitClassifier, m.PartialFitClassifierWeighted)}
 
 
-def remote_estimator(name, kind, params, *, methods="", weighted="", doc, features_out=None,
-                     validation=None, tags=None, wire=None, bases=(), mixins=(), namespace=None):
+def remote_estimator(name, kind, params, *, doc, features_out=None, validation=None, tags=None, wire=None,
+                     bases=(), mixins=(), namespace=None):
     """Build the ``GPU<name>`` class; assign it to a module-level variable of that name.
 
-    name:         key of the worker's class table (``"Ridge"``)
+    name:         the class's row in the catalogue (``"Ridge"``): its methods, and which take sample_weight
     kind:         a key of :data:`KINDS`
     params:       cuML's ``__init__`` parameters, as source text (``"alpha=1.0, *, tol=1e-4"``)
-    methods:      names from :data:`METHODS`, space-separated (fit is implied by the kind)
-    weighted:     the methods that take ``sample_weight`` (``"fit fit_predict"``): those where cuML's does
     features_out: ``"one-to-one"``; a function ``self -> n_features_out`` (names
                   ``<class><i>``, as scikit-learn's decompositions); or ``"model"``:
                   the names of the fitted scikit-learn model
     validation:   keyword arguments for ``validate_data`` on X (default: float dtypes)
     tags:         ``{"input_tags.allow_nan": True, ...}`` over the kind's tags
     wire:         parameter values sent to the worker in place of the user's
-    bases:        class-specific method mixins, before the generated ones
+    bases:        class-specific mixins, before the generated ones (they may wrap or replace a method)
     mixins:       scikit-learn mixins besides the kind's (``TransformerMixin`` for KMeans)
     namespace:    extra names the parameter defaults refer to (``np`` is always there)
     """
     module = sys._getframe(1).f_globals["__name__"]
     cls_name = "GPU" + name
+    row = lookup(name)
     _, target, fit, fit_weighted = KINDS[kind]
-    weighted = set(weighted.split())
-    method_names = methods.split()
-    unknown = (set(method_names) - set(METHODS)) | (weighted - set(method_names) - {"fit"})
-    if unknown:
-        raise ValueError(f"{cls_name}: unknown methods {sorted(unknown)}")
 
     chosen = list(bases)
     if fit is not None:
-        chosen.append(fit_weighted if "fit" in weighted else fit)
-    for method in method_names:
-        plain, with_weight = METHODS[method]
-        chosen.append(with_weight if method in weighted else plain)
+        chosen.append(fit_weighted if "fit" in row.weighted else fit)
+        table = {**METHODS, **CLASSIFIER_METHODS} if kind == "classifier" else METHODS
+        for method in sorted(row.methods):
+            plain, with_weight = table[method]
+            chosen.append(with_weight if method in row.weighted else plain)
     chosen += _features_out_bases(features_out)
     chosen += list(mixins) + list(KINDS[kind][0])
-    chosen.append(base.RemoteEstimator)
+    chosen.append(RemoteEstimator)
 
     attrs = {
         "__module__": module,
         "__qualname__": cls_name,
-        "__doc__": _docstring(name, doc, params, method_names, weighted),
+        "__doc__": _docstring(row, doc, params),
         "__init__": _make_init(cls_name, module, params, namespace),
         "_remote_name": name,
         "_target": target,
@@ -137,7 +132,7 @@ def remote_estimator(name, kind, params, *, methods="", weighted="", doc, featur
     cls = type(cls_name, bases_, attrs)
     if tags:
         _add_tags(cls, dict(tags))
-    REGISTRY[cls_name] = cls
+    WRAPPERS[cls_name] = cls
     return cls
 
 
@@ -210,18 +205,12 @@ def _make_init(cls_name, module, params, namespace):
     return init
 
 
-def _docstring(name, doc, params, methods, weighted):
-    from ..worker.backends import CLASSES
-
-    cpu, gpu = CLASSES[name]
-    shown = ["fit"] + [m for m in methods if m not in ("score_test", "partial_fit_classifier",
-                                                       "covariance_extras")]
-    if "partial_fit_classifier" in methods:
-        shown.append("partial_fit")
-    weights = sorted(weighted) or ["none"]
+def _docstring(row, doc, params):
+    shown = ["fit", *sorted(row.methods)]
+    weights = sorted(row.weighted) or ["none"]
     return (
-        f"``{gpu}`` on the worker: {doc}\n\n"
+        f"``{row.cuml}`` on the worker: {doc}\n\n"
         f"Parameters (cuML's, same names and defaults): ``{params}``.\n\n"
         f"Methods: {', '.join(shown)}. ``sample_weight`` in: {', '.join(weights)}.\n"
-        f"On the scikit-learn backend it runs ``{cpu}``.\n"
+        f"On the scikit-learn backend it runs ``{row.sklearn}``.\n"
     )

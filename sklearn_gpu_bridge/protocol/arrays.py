@@ -1,29 +1,12 @@
-"""Framing, signing and array transport: the wire format, written down once.
+"""Values in a message: arrays as descriptors plus raw bytes, never through pickle.
 
-A message is a ZeroMQ multipart ``[signature, header, *buffers]``:
-
-- ``header`` is a pickle (protocol 5, written without a memo) of a dict made
-  only of plain builtins (None, bool, int, float, str, bytes, tuple, list,
-  dict). It is read only after its signature checks, and then only if every
-  opcode is one that builds such a value (no globals, no calls, no memo
-  references): even a signed header cannot name a class or a function, make a
-  value that refers to itself, or make the reader allocate more than the
-  header's own size suggests.
-- ``signature`` is the hex HMAC-SHA256 of the header bytes under the shared
-  key, compared in constant time. A signature seen before is a replay and is
-  refused; every header carries a fresh random ``id``, so no honest message
-  repeats one.
-- ``buffers`` are raw bytes: arrays sent as zero-copy frames, and opaque
-  blobs (cloudpickle of parameters or fitted state) that only the operation
-  that expects one ever unpickles, inside a message whose signature checked.
-
-Inside the header an array is the marker ``{"__array__": i}``, described by
+Inside a header an array is the marker ``{"__array__": i}``, described by
 ``header["arrays"][i]``::
 
     {"dtype": "<f8", "shape": [n, m], "order": "C" | "F", "where": W, ...}
     W = "inline": "data": bytes in the header      (small arrays)
     W = "frame":  "index": k  -> buffers[k]         (no shared pool)
-    W = "pool":   "segment": s, "offset": o        (shared mmap pool)
+    W = "pool":   "segment": s, "offset": o        (a block of the shared pool)
     W = "cached": "key": K                         (sent before; no bytes travel)
 
 An array sent in full may carry ``"cache": K``, asking the worker to keep a
@@ -32,27 +15,25 @@ of the same client name it as ``"where": "cached"``. A key the worker no
 longer holds is answered with :class:`CacheMiss`, and the client sends the
 request again in full.
 
-A blob is ``{"__blob__": k}`` -> ``buffers[k]``. Every descriptor is validated
-(dtype whitelist, shape x itemsize == bytes, index and range bounds) before
-any byte is read.
+A blob (opaque bytes: fitted state) is ``{"__blob__": k}`` -> ``buffers[k]``.
+Every descriptor is validated (dtype whitelist, shape x itemsize == bytes,
+index and range bounds) before any byte is read.
+
+How a value is written is looked up by its type in :data:`ENCODERS` (as
+dask registers serializers): a new type is a new entry, not a new branch.
 """
 
 import hashlib
-import hmac
-import io
 import math
-import os
-import pickle
-import pickletools
 import threading
-from collections import Counter, OrderedDict, deque
+from collections import Counter, OrderedDict
 
 import numpy as np
 
-from .errors import CacheMiss, ProtocolError
-from .parallel import copy_bytes
+from ..errors import CacheMiss, ProtocolError
+from ..parallel import copy_into
+from .session import frame_buffer
 
-PROTOCOL_VERSION = 1
 INLINE_MAX = 64 * 1024  # arrays up to this many bytes travel inside the header
 
 # Plain numeric dtypes only, native (little-endian) byte order.
@@ -65,123 +46,6 @@ DTYPES = frozenset(
 )
 ARRAY = "__array__"
 BLOB = "__blob__"
-PLAIN_TYPES = (type(None), bool, int, float, str, bytes)
-
-
-def new_id():
-    return os.urandom(12).hex()
-
-
-# The opcodes that build plain values. Left out on purpose: globals, calls and
-# object building (GLOBAL, REDUCE, BUILD, INST, OBJ, NEWOBJ ...), and memo
-# references (GET, BINGET, PUT ...): a memo index of 2**30 makes CPython's
-# unpickler allocate and zero gigabytes, and references would let a header of
-# a few bytes be a list that contains itself, or 2**n leaves deep.
-PLAIN_OPCODES = frozenset({
-    "PROTO", "FRAME", "STOP", "MARK", "MEMOIZE",
-    "NONE", "NEWTRUE", "NEWFALSE", "BININT", "BININT1", "BININT2", "LONG1", "LONG4", "BINFLOAT",
-    "SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "SHORT_BINBYTES", "BINBYTES", "BINBYTES8",
-    "EMPTY_LIST", "APPEND", "APPENDS", "EMPTY_DICT", "SETITEM", "SETITEMS",
-    "EMPTY_TUPLE", "TUPLE1", "TUPLE2", "TUPLE3", "TUPLE",
-})
-
-
-class _PlainUnpickler(pickle.Unpickler):
-    def find_class(self, module, name):
-        raise ProtocolError(f"header names {module}.{name}; only plain values are allowed")
-
-
-def dumps_header(header):
-    """Pickle a header of plain values, without a memo (so no opcode refers back)."""
-    buffer = io.BytesIO()
-    pickler = pickle.Pickler(buffer, protocol=5)
-    pickler.fast = True  # no memo: shared objects are written twice; a cycle is refused
-    pickler.dump(header)
-    return buffer.getvalue()
-
-
-def loads_header(data):
-    """Unpickle a header that may hold plain builtins only, after checking every opcode."""
-    try:
-        for opcode, _, _ in pickletools.genops(data):
-            if opcode.name not in PLAIN_OPCODES:
-                raise ProtocolError(f"header uses the pickle opcode {opcode.name}; only plain values are allowed")
-        return _PlainUnpickler(io.BytesIO(data)).load()
-    except ProtocolError:
-        raise
-    except Exception as exc:
-        raise ProtocolError(f"header is not a valid pickle: {type(exc).__name__}") from None
-
-
-def to_plain(value):
-    """``value`` with numpy scalars made Python ones, or raise TypeError if not plain."""
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, PLAIN_TYPES):
-        return value
-    if isinstance(value, (list, tuple)):
-        return type(value)(to_plain(v) for v in value)
-    if isinstance(value, dict):
-        return {to_plain(k): to_plain(v) for k, v in value.items()}
-    raise TypeError(type(value).__name__)
-
-
-def _raw(frame):
-    return frame.bytes if hasattr(frame, "bytes") else bytes(frame)
-
-
-def _buffer(frame):
-    return frame.buffer if hasattr(frame, "buffer") else memoryview(frame)
-
-
-class Session:
-    """Signs outgoing headers and checks incoming ones, as jupyter_client does."""
-
-    def __init__(self, key, replay_window=1 << 16):
-        if not key:
-            raise ValueError("an empty key would turn message signing off; refusing it")
-        self._key = key if isinstance(key, bytes) else key.encode()
-        self._seen = set()
-        self._order = deque()
-        self._window = replay_window
-        self.refused = Counter()
-
-    def sign(self, header_bytes):
-        return hmac.new(self._key, header_bytes, hashlib.sha256).hexdigest().encode()
-
-    def pack(self, header, buffers=()):
-        """Serialize ``header`` (plain values) and sign it; buffers follow raw."""
-        header_bytes = dumps_header(header)
-        return [self.sign(header_bytes), header_bytes, *buffers]
-
-    def unpack(self, frames):
-        """Inverse of :meth:`pack`: check the signature, THEN unpickle the header."""
-        if len(frames) < 2:
-            self._refuse("truncated", "a message needs a signature and a header")
-        signature, header_bytes = _raw(frames[0]), _raw(frames[1])
-        if not hmac.compare_digest(signature, self.sign(header_bytes)):
-            self._refuse("bad_signature", "message signature does not match the key")
-        seen = int(signature[:32], 16)  # 128 bits of the checked signature: a third of the memory
-        if seen in self._seen:
-            self._refuse("replayed", "message was seen before (replay)")
-        self._seen.add(seen)
-        self._order.append(seen)
-        if len(self._order) > self._window:
-            self._seen.discard(self._order.popleft())
-        try:
-            header = loads_header(header_bytes)
-        except ProtocolError as exc:
-            self._refuse("malformed", str(exc))
-        if not isinstance(header, dict) or not isinstance(header.get("op"), str):
-            self._refuse("malformed", "header must be a dict with an 'op'")
-        return header, list(frames[2:])
-
-    def _refuse(self, reason, message):
-        self.refused[reason] += 1
-        raise ProtocolError(message)
-
-
-# ---------------------------------------------------------------- arrays
 
 
 def _check_dtype(name):
@@ -261,15 +125,47 @@ class BoundedLRU:
             return value
 
 
+class KnownArrays(BoundedLRU):
+    """The keys of the arrays that the worker keeps for one client, as far as the client knows.
+
+    Kept in the worker's order and within its byte bound, so that for a lone
+    client it is what the worker holds. Where it is not (other clients filled
+    the worker's cache, a worker restarted behind the same address), the
+    worker answers CacheMiss and the request goes again in full.
+    """
+
+    def __init__(self, max_bytes, min_bytes):
+        super().__init__(max_bytes)
+        self.min_bytes = min_bytes
+
+    def holds(self, key):
+        return self.get(key) is not None
+
+
+class AsDtype:
+    """An array to send as ``dtype``: cast on its way into the pool, in one pass (float64 -> float32).
+
+    A value too large for ``dtype`` raises scikit-learn's own message for it,
+    naming ``name``.
+    """
+
+    __slots__ = ("array", "dtype", "name")
+
+    def __init__(self, array, dtype, name="X"):
+        self.array, self.dtype, self.name = array, np.dtype(dtype), name
+
+
+# ---------------------------------------------------------------- writing
+
+
 class Encoder:
-    """Turns the arrays inside a value into descriptors and frames for one message.
+    """Turns the values inside a payload into plain values, descriptors and frames for one message.
 
     ``place(nbytes)`` returns ``(segment, offset, writable memoryview)`` for a
-    pool range, or None when the array must go as a frame. ``cache`` (the
-    client's record of the keys its worker holds: ``min_bytes`` and
-    ``holds(key)``) turns fingerprints on; with ``reuse=False`` every array is
-    sent in full (the resend after a :class:`CacheMiss`). ``reused`` and
-    ``offered`` list the ``(key, nbytes)`` sent as cached and sent to be kept.
+    block of the pool, or None when the array must go as a frame. ``cache``
+    (a :class:`KnownArrays`) turns fingerprints on; with ``reuse=False`` every
+    array is sent in full (the resend after a :class:`CacheMiss`). ``reused``
+    and ``offered`` list the ``(key, nbytes)`` sent as cached and sent to be kept.
     """
 
     def __init__(self, place=None, inline_max=INLINE_MAX, cache=None, reuse=True):
@@ -284,63 +180,58 @@ class Encoder:
         self.offered = []
 
     def encode(self, value):
-        if isinstance(value, np.ndarray):
-            self.arrays.append(self._array(value))
-            return {ARRAY: len(self.arrays) - 1}
-        if hasattr(value, "__cuda_array_interface__") and hasattr(value, "get"):
-            self.arrays.append(self._device_array(value))
-            return {ARRAY: len(self.arrays) - 1}
-        if isinstance(value, (list, tuple)):
-            return type(value)(self.encode(v) for v in value)
-        if isinstance(value, dict):
-            return {k: self.encode(v) for k, v in value.items()}
-        if isinstance(value, np.generic):
-            return value.item()
-        return value
+        write = _encoder_for(value)
+        return write(self, value) if write is not None else value
 
     def blob(self, data):
         self.buffers.append(data)
         return {BLOB: len(self.buffers) - 1}
 
-    def _array(self, arr):
+    def _marker(self, desc):
+        self.counts[desc["where"]] += 1
+        self.arrays.append(desc)
+        return {ARRAY: len(self.arrays) - 1}
+
+    def array(self, arr, dtype=None, name="X"):
+        """The marker of ``arr`` (sent as ``dtype`` if given), its bytes placed inline, in the pool or as a frame."""
         if arr.dtype.str not in DTYPES:
             native = arr.dtype.newbyteorder("=")
             if arr.dtype.hasobject or native.str not in DTYPES:
                 raise TypeError(f"arrays of dtype {arr.dtype} cannot be sent to the worker")
             arr = arr.astype(native)
+        target = np.dtype(dtype) if dtype is not None else arr.dtype
         if arr.flags.c_contiguous:
             order = "C"
         elif arr.flags.f_contiguous:
             order = "F"
         else:
             arr, order = np.ascontiguousarray(arr), "C"
-        raw = arr.ravel(order="K").view(np.uint8)  # a view: no copy
-        desc = {"dtype": arr.dtype.str, "shape": list(arr.shape), "order": order}
-        nbytes = raw.nbytes
+        if target != arr.dtype and (self.cache is not None or arr.size * target.itemsize <= self.inline_max):
+            arr = _cast(arr, target, order, name)  # these paths need the cast array itself
+        desc = {"dtype": target.str, "shape": list(arr.shape), "order": order}
+        nbytes = arr.size * target.itemsize
         if self.cache is not None and nbytes >= self.cache.min_bytes:
-            key = fingerprint(arr.dtype.str, arr.shape, order, raw)
+            key = fingerprint(target.str, arr.shape, order, _raw(arr))
             if self.reuse and self.cache.holds(key):
                 self.reused.append((key, nbytes))
-                self.counts["cached"] += 1
-                return {**desc, "where": "cached", "key": key}
+                return self._marker({**desc, "where": "cached", "key": key})
             self.offered.append((key, nbytes))
             desc["cache"] = key
-        spot = None
         if nbytes <= self.inline_max:
-            desc.update(where="inline", data=raw.tobytes())
-        elif self.place is not None and (spot := self.place(nbytes)) is not None:
-            segment, offset, target = spot
-            copy_bytes(np.frombuffer(target, np.uint8, count=nbytes), raw)
-            desc.update(where="pool", segment=segment, offset=offset)
-        else:
-            self.buffers.append(raw)
-            desc.update(where="frame", index=len(self.buffers) - 1)
-        self.counts[desc["where"]] += 1
-        return desc
+            return self._marker({**desc, "where": "inline", "data": _raw(arr).tobytes()})
+        spot = self.place(nbytes) if self.place is not None else None
+        if spot is not None:
+            segment, offset, memory = spot
+            dest = np.frombuffer(memory, target, count=arr.size).reshape(arr.shape, order=order)
+            _copy_checked(dest, arr, name)
+            return self._marker({**desc, "where": "pool", "segment": segment, "offset": offset})
+        if target != arr.dtype:
+            arr = _cast(arr, target, order, name)
+        self.buffers.append(_raw(arr))
+        return self._marker({**desc, "where": "frame", "index": len(self.buffers) - 1})
 
-
-    def _device_array(self, arr):
-        """A CuPy array: copied from the device straight into its pool room when it has one."""
+    def device_array(self, arr):
+        """A CuPy array: copied from the device straight into its pool block when it has one."""
         nbytes = arr.nbytes
         order = "C" if arr.flags.c_contiguous else "F" if arr.flags.f_contiguous else None
         dtype = np.dtype(arr.dtype)
@@ -348,12 +239,67 @@ class Encoder:
         if order and nbytes > self.inline_max and dtype.str in DTYPES and self.place is not None:
             spot = self.place(nbytes)
         if spot is None:
-            return self._array(arr.get())
-        segment, offset, target = spot
-        arr.get(out=np.frombuffer(target, dtype, count=arr.size).reshape(arr.shape, order=order))
-        self.counts["pool"] += 1
-        return {"dtype": dtype.str, "shape": list(arr.shape), "order": order,
-                "where": "pool", "segment": segment, "offset": offset}
+            return self.array(arr.get())
+        segment, offset, memory = spot
+        arr.get(out=np.frombuffer(memory, dtype, count=arr.size).reshape(arr.shape, order=order))
+        return self._marker({"dtype": dtype.str, "shape": list(arr.shape), "order": order,
+                             "where": "pool", "segment": segment, "offset": offset})
+
+
+def _raw(arr):
+    """A contiguous array's bytes as a flat uint8 view (no copy)."""
+    return arr.ravel(order="K").view(np.uint8)
+
+
+def _overflow(name, dtype):
+    return ValueError(f"Input {name} contains infinity or a value too large for {dtype!r}.")
+
+
+def _cast(arr, dtype, order, name):
+    try:
+        with np.errstate(over="raise"):
+            return arr.astype(dtype, order=order)
+    except FloatingPointError:  # finite before (validated), infinite after: scikit-learn's words
+        raise _overflow(name, dtype) from None
+
+
+def _copy_checked(dest, src, name):
+    try:
+        copy_into(dest, src)
+    except FloatingPointError:
+        raise _overflow(name, dest.dtype) from None
+
+
+def _encode_sequence(encoder, value):
+    return type(value)(encoder.encode(v) for v in value)
+
+
+def _encode_dict(encoder, value):
+    return {k: encoder.encode(v) for k, v in value.items()}
+
+
+#: how a value of each type is written (the type's MRO is searched, first match wins)
+ENCODERS = {
+    np.ndarray: Encoder.array,
+    AsDtype: lambda encoder, v: encoder.array(v.array, v.dtype, v.name),
+    np.generic: lambda encoder, v: v.item(),
+    list: _encode_sequence,
+    tuple: _encode_sequence,
+    dict: _encode_dict,
+}
+
+
+def _encoder_for(value):
+    for cls in type(value).__mro__:
+        write = ENCODERS.get(cls)
+        if write is not None:
+            return write
+    if hasattr(value, "__cuda_array_interface__") and hasattr(value, "get"):  # CuPy, without importing it
+        return Encoder.device_array
+    return None
+
+
+# ---------------------------------------------------------------- reading
 
 
 class Decoder:
@@ -381,7 +327,7 @@ class Decoder:
             if len(value) == 1 and ARRAY in value:
                 return self._array(value[ARRAY])
             if len(value) == 1 and BLOB in value:
-                return _buffer(self._buffer_at(value[BLOB]))
+                return frame_buffer(self._buffer_at(value[BLOB]))
             return {k: self.decode(v) for k, v in value.items()}
         if isinstance(value, (list, tuple)):
             return type(value)(self.decode(v) for v in value)
@@ -413,7 +359,7 @@ class Decoder:
             if not isinstance(data, bytes) or len(data) != nbytes:
                 raise ProtocolError("inline array size does not match its shape")
         elif where == "frame":
-            data = _buffer(self._buffer_at(desc.get("index")))
+            data = frame_buffer(self._buffer_at(desc.get("index")))
             if data.nbytes != nbytes:
                 raise ProtocolError("frame size does not match its shape")
         elif where == "pool":

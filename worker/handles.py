@@ -1,6 +1,6 @@
 """Handles: the worker's table of live estimators, each owned by one client.
 
-A handle is an int that starts with 31 random bits of this registry, so a
+A handle is an int that starts with 31 random bits of this table, so a
 handle that a client kept from an earlier worker is not found here (never
 mistaken for another estimator that happens to have the same number).
 """
@@ -21,7 +21,7 @@ class Entry:
     last_used: float = field(default_factory=time.monotonic)
 
 
-class Registry:
+class HandleTable:
     """handle (int) -> Entry, safe to use from the server and executor threads."""
 
     def __init__(self):

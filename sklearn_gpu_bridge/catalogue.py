@@ -1,0 +1,109 @@
+"""The estimator catalogue: every class the bridge serves, read by both sides.
+
+One row per cuML class: its short name (what a request names), the module
+it lives in (the same in cuML and scikit-learn), the methods a fitted one
+may be asked for, and those that take ``sample_weight`` (where cuML's do).
+The worker builds and calls only what is listed here; the client builds a
+``GPU<name>`` wrapper with exactly these methods. Parameter translation
+between cuML and scikit-learn lives beside it, in :mod:`.translate`.
+
+Shared by both sides: imports nothing of the package.
+"""
+
+from typing import NamedTuple
+
+#: methods that create the remote estimator (op "fit"); the others run on a fitted one (op "call")
+FIT_METHODS = frozenset({"fit", "fit_transform", "fit_predict", "partial_fit"})
+
+
+class Estimator(NamedTuple):
+    """One cuML class and its scikit-learn counterpart."""
+
+    name: str  #: the class name in cuML ("SVC"); the wrapper is GPU<name>
+    module: str  #: "svm": cuml.svm and sklearn.svm
+    methods: frozenset  #: what a request may call besides fit
+    weighted: frozenset  #: methods whose cuML version takes sample_weight
+    sklearn: str  #: dotted path of the scikit-learn class (cuML's ``_cpu_class_path``)
+
+    @property
+    def cuml(self):
+        """Dotted path of the cuML class."""
+        return f"cuml.{self.module}.{self.name}"
+
+    def allows(self, method):
+        """Whether a request may run ``method`` on this class."""
+        return method == "fit" or method in self.methods
+
+
+def _row(module, name, methods="", weighted="", sklearn=None):
+    return Estimator(name, module, frozenset(methods.split()), frozenset(weighted.split()),
+                     sklearn or f"sklearn.{module}.{name}")
+
+
+_PROBA = "predict predict_proba predict_log_proba"
+_SCALER = "transform fit_transform inverse_transform partial_fit"
+_NB = f"{_PROBA} partial_fit"
+_LABELS = "fit_transform transform inverse_transform"
+
+# The scikit-learn column is cuML 26.10's ``_cpu_class_path`` (what ``as_sklearn()`` returns),
+# except where cuML has none (MBSGD*: the SGD classes) and HDBSCAN (cuML names hdbscan.HDBSCAN;
+# scikit-learn has had its own since 1.3, which the CPU backend uses).
+ESTIMATORS = {row.name: row for row in (
+    _row("linear_model", "LinearRegression", "predict", "fit"),
+    _row("linear_model", "LogisticRegression", f"{_PROBA} decision_function", "fit"),
+    _row("linear_model", "Ridge", "predict", "fit"),
+    _row("linear_model", "Lasso", "predict", "fit"),
+    _row("linear_model", "ElasticNet", "predict", "fit"),
+    _row("linear_model", "MBSGDClassifier", "predict decision_function",
+         sklearn="sklearn.linear_model.SGDClassifier"),
+    _row("linear_model", "MBSGDRegressor", "predict", sklearn="sklearn.linear_model.SGDRegressor"),
+    _row("svm", "SVC", "predict decision_function", "fit"),
+    _row("svm", "SVR", "predict", "fit"),
+    _row("svm", "LinearSVC", "predict decision_function", "fit"),
+    _row("svm", "LinearSVR", "predict", "fit"),
+    _row("cluster", "KMeans", "predict fit_predict transform fit_transform score",
+         "fit fit_predict fit_transform score"),
+    _row("cluster", "DBSCAN", "fit_predict", "fit fit_predict"),
+    _row("cluster", "HDBSCAN", "fit_predict"),
+    _row("cluster", "SpectralClustering", "fit_predict"),
+    _row("decomposition", "PCA", "transform fit_transform inverse_transform"),
+    _row("decomposition", "IncrementalPCA", "transform fit_transform inverse_transform partial_fit"),
+    _row("decomposition", "TruncatedSVD", "transform fit_transform inverse_transform"),
+    _row("neighbors", "NearestNeighbors", "kneighbors"),
+    _row("neighbors", "KNeighborsClassifier", "predict predict_proba kneighbors"),
+    _row("neighbors", "KNeighborsRegressor", "predict kneighbors"),
+    _row("neighbors", "KernelDensity", "score_samples score sample", "fit"),
+    _row("ensemble", "RandomForestClassifier", _PROBA, "fit"),
+    _row("ensemble", "RandomForestRegressor", "predict", "fit"),
+    _row("ensemble", "IsolationForest", "predict decision_function score_samples fit_predict"),
+    _row("manifold", "TSNE", "fit_transform"),
+    _row("manifold", "UMAP", "transform fit_transform inverse_transform", sklearn="umap.UMAP"),
+    _row("manifold", "SpectralEmbedding", "fit_transform"),
+    _row("kernel_ridge", "KernelRidge", "predict", "fit"),
+    _row("covariance", "EmpiricalCovariance", "score mahalanobis"),
+    _row("covariance", "LedoitWolf", "score mahalanobis"),
+    _row("preprocessing", "StandardScaler", _SCALER),
+    _row("preprocessing", "MinMaxScaler", _SCALER),
+    _row("preprocessing", "MaxAbsScaler", _SCALER),
+    _row("preprocessing", "PolynomialFeatures", "transform fit_transform"),
+    _row("preprocessing", "LabelEncoder", _LABELS),
+    _row("preprocessing", "LabelBinarizer", _LABELS),
+    _row("preprocessing", "OneHotEncoder", "transform fit_transform inverse_transform"),
+    _row("preprocessing", "TargetEncoder", "transform fit_transform"),
+    _row("naive_bayes", "GaussianNB", _NB, "fit partial_fit"),
+    _row("naive_bayes", "MultinomialNB", _NB),
+    _row("naive_bayes", "BernoulliNB", _NB),
+    _row("naive_bayes", "ComplementNB", _NB),
+    _row("naive_bayes", "CategoricalNB", _NB),
+)}
+
+#: every method some class may be asked for
+ALL_METHODS = frozenset({"fit"}.union(*(row.methods for row in ESTIMATORS.values())))
+
+
+def lookup(name):
+    """The catalogue row of ``name``; ValueError naming the offer for anything else."""
+    row = ESTIMATORS.get(name) if isinstance(name, str) else None
+    if row is None:
+        raise ValueError(f"unknown estimator {name!r}; the bridge offers {sorted(ESTIMATORS)}")
+    return row

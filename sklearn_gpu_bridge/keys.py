@@ -1,0 +1,83 @@
+"""CurveZMQ key pairs: made by ``sklearn-gpu-bridge keys``, read by the worker and by clients.
+
+A pair is two ZeroMQ certificate files: ``NAME.key`` (the public key alone,
+for anyone) and ``NAME.key_secret`` (owner-only, 0600, from the start).
+A secret key file is read only when it is this user's alone.
+"""
+
+import os
+from pathlib import Path
+
+import zmq
+import zmq.auth
+
+from .errors import ConfigurationError
+from .host import check_private_file
+
+_BANNER = "#   ZeroMQ CURVE {} certificate of sklearn-gpu-bridge\n#   {}\n\nmetadata\ncurve\n"
+
+
+def make_pair(directory, name="worker", force=False):
+    """Write a CurveZMQ key pair; returns (public path, secret path)."""
+    directory = Path(directory)
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    public, secret = zmq.curve_keypair()
+    paths = directory / f"{name}.key", directory / f"{name}.key_secret"
+    if not force:
+        for path in paths:
+            if path.exists():
+                raise FileExistsError(0, "exists", str(path))
+    texts = (
+        _BANNER.format("public", "Give this file to anyone.") + f'    public-key = "{public.decode()}"\n',
+        _BANNER.format("SECRET", "Keep this file to yourself (mode 0600).")
+        + f'    public-key = "{public.decode()}"\n    secret-key = "{secret.decode()}"\n',
+    )
+    for path, text, mode in zip(paths, texts, (0o644, 0o600)):
+        path.unlink(missing_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(path, mode)  # whatever the umask
+    return paths
+
+
+def load_secret(path):
+    """(public, secret) Z85 keys from a secret key file that is this user's alone."""
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError as exc:
+        raise ConfigurationError(f"CurveZMQ key file {path}: {exc.strerror}") from None
+    try:
+        check_private_file(path, fd, "CurveZMQ secret key file")
+    finally:
+        os.close(fd)
+    try:
+        public, secret = zmq.auth.load_certificate(path)
+    except (OSError, ValueError) as exc:
+        raise ConfigurationError(f"{path} is not a ZeroMQ certificate: {exc}") from None
+    if not secret:
+        raise ConfigurationError(
+            f"{path} holds no secret key: pass the .key_secret file that `sklearn-gpu-bridge keys` wrote"
+        )
+    return public, secret
+
+
+def load_public(path):
+    """The Z85 public key in a certificate file (public or secret)."""
+    try:
+        public, _ = zmq.auth.load_certificate(path)
+    except (OSError, ValueError) as exc:
+        raise ConfigurationError(f"{path} is not a ZeroMQ certificate: {exc}") from None
+    return public
+
+
+def bind_hint(host):
+    """What to do to bind ``host`` (not loopback): make keys, pass the secret one."""
+    return (
+        f"binding {host} (not loopback) needs CurveZMQ encryption keys that you made. Make a pair once:\n"
+        "    sklearn-gpu-bridge keys DIR\n"
+        "then start the worker with\n"
+        f"    sklearn-gpu-bridge worker --bind {host} --curve-secret-key DIR/worker.key_secret\n"
+        "The public key goes into the connection file; clients need nothing else."
+    )

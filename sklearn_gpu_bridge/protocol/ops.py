@@ -1,0 +1,118 @@
+"""The operations: every request a worker answers, its fields, buffers, reply and errors.
+
+This table is the catalogue; the worker dispatches from it (an op that is
+not here is refused) and a test fails when the worker implements an op that
+is not here. ``docs/protocol.md`` explains the rest of the wire format.
+
+Every request header carries ``op``, ``id`` (fresh, random) and ``client``
+(the sender's random id; required by work ops), and may carry ``release``:
+handles of this client to free before the op runs (releases ride on the
+next request instead of costing a round trip of their own). Every reply
+carries ``op`` ("reply" or "error"), ``id``, ``parent`` (the request's id)
+and, for work ops, ``worker_span`` ([arrived, replied], CLOCK_MONOTONIC
+seconds) and ``warnings`` ([module, category, message] of each warning
+raised on the worker). An ``error`` reply carries ``mro``, ``args``,
+``message`` and ``traceback`` (see :func:`errors.describe`).
+
+Quick ops are answered by the worker's loop at once, even while work runs;
+work ops run on its executor threads, in turn per client.
+"""
+
+from dataclasses import asdict, dataclass, fields
+
+from ..errors import ProtocolError
+
+PROTOCOL_VERSION = 1
+
+#: fields of a work request that carry arrays (see protocol.arrays)
+_ARRAYS = ("payload: {'args': [...], 'kwargs': {...}} with array markers; arrays: their descriptors; "
+           "pool: the client's pool name when arrays lie in it; out: {segment, offset, nbytes}, a pool block "
+           "for the reply's arrays")
+
+
+@dataclass(frozen=True)
+class Op:
+    kind: str  #: "quick" (the loop answers at once) or "work" (an executor thread runs it)
+    request: str  #: fields of the request header beyond the common ones
+    reply: str  #: fields of the reply
+    buffers: str = "none"  #: raw frames after the header
+    errors: str = "ProtocolError (bad fields)"
+
+
+OPS = {
+    "hello": Op(
+        "quick",
+        request="protocol_version: int; pid: int; pool: {name, probe: {segment, offset}, probe_bytes} (optional)",
+        reply="the fields of Capabilities",
+        errors="VersionMismatch (another protocol version)",
+    ),
+    "ping": Op("quick", request="-", reply="busy: int (work requests queued)"),
+    "status": Op(
+        "quick", request="-",
+        reply="backend, pid, address, uptime, handles, pools, clients, requests {op: n}, "
+              "refused {reason: n}, swept {reason: n}, rss, versions, array_cache {entries, bytes, max_bytes}",
+    ),
+    "release": Op("quick", request="release: [handle] (the common field)", reply="-"),
+    "goodbye": Op("quick", request="-", reply="released: int (the client's handles, pool and arrays are freed)"),
+    "shutdown": Op("quick", request="-", reply="- (the worker stops after replying)"),
+    "fit": Op(
+        "work",
+        request=f"estimator: catalogue name; method: fit | fit_transform | fit_predict | partial_fit; "
+                f"params: dict of plain values, or a blob marker (cloudpickle); {_ARRAYS}",
+        reply="payload: {result: the method's result (None for fit), handle: int, dropped: [param]}",
+        buffers="frames of arrays; the params blob",
+        errors="the estimator's own (ValueError ...); ValueError (unknown estimator); CacheMiss; ProtocolError",
+    ),
+    "call": Op(
+        "work",
+        request=f"handle: int (one of this client's); method: one the catalogue lists for the class; {_ARRAYS}",
+        reply="payload: {result}",
+        buffers="frames of arrays",
+        errors="the estimator's own; KeyError (no such handle of this client); AttributeError (method not "
+               "allowed); CacheMiss; ProtocolError",
+    ),
+    "attribute": Op(
+        "work", request="handle: int; name: a public fitted attribute (lower case, trailing underscore)",
+        reply="payload: {result}", errors="KeyError (no such handle); AttributeError",
+    ),
+    "echo": Op("work", request=_ARRAYS, reply="payload: {result: the args, as sent}", buffers="frames of arrays",
+               errors="ProtocolError; CacheMiss"),
+    "get_state": Op(
+        "work", request="handle: int",
+        reply="format: 'sklearn' | 'cuml' (how the blob is written); backend: the worker's",
+        buffers="reply: one blob (cloudpickle of the fitted model)", errors="KeyError (no such handle)",
+    ),
+    "set_state": Op(
+        "work", request="estimator: catalogue name; format: as get_state gave it; state: blob marker",
+        reply="handle: int", buffers="one blob (cloudpickle of a fitted model)",
+        errors="ValueError / TypeError (unknown estimator, format, or a model of another class)",
+    ),
+}
+
+QUICK_OPS = frozenset(name for name, op in OPS.items() if op.kind == "quick")
+WORK_OPS = frozenset(name for name, op in OPS.items() if op.kind == "work")
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a worker says of itself in its hello reply; the client reads these, never raw keys."""
+
+    protocol_version: int
+    worker_id: str  #: this worker run: handles are valid only on it
+    backend: str  #: "cuml" or "sklearn"
+    fallback_reason: str | None  #: why an "auto" worker runs scikit-learn, if it does
+    float_dtype: str | None  #: the float dtype the client should send (cuML: float32), or None
+    pool: bool  #: whether the worker mapped the client's pool
+    versions: dict  #: package versions, GPU name and memory
+    array_cache: int  #: bytes of arrays the worker keeps for its clients (0: none)
+    client_timeout: float | None  #: seconds of silence before this client is freed (None: its pid is watched)
+
+    def to_reply(self):
+        return asdict(self)
+
+    @classmethod
+    def from_reply(cls, reply):
+        try:
+            return cls(**{f.name: reply[f.name] for f in fields(cls)})
+        except KeyError as exc:
+            raise ProtocolError(f"the worker's hello reply lacks {exc.args[0]!r}") from None

@@ -1,0 +1,193 @@
+"""The shape of the house: imports run one way, importing the package is cheap, every op is in the catalogue.
+
+Read from the source (module-level imports, with ``ast``) and from fresh
+interpreters; nothing here needs a worker.
+"""
+
+import ast
+import inspect
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import sklearn_gpu_bridge
+from sklearn_gpu_bridge import protocol
+from sklearn_gpu_bridge.catalogue import ESTIMATORS
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = "sklearn_gpu_bridge"
+# repository folder -> import name (pyproject's package-dir)
+FOLDERS = {"sklearn_gpu_bridge": PACKAGE, "worker": f"{PACKAGE}.worker", "shm": f"{PACKAGE}.shm"}
+
+#: read by both sides: may import nothing of the client or the worker
+SHARED_CORE = {
+    "sklearn_gpu_bridge", "sklearn_gpu_bridge.errors", "sklearn_gpu_bridge.config", "sklearn_gpu_bridge.catalogue",
+    "sklearn_gpu_bridge.translate", "sklearn_gpu_bridge.host", "sklearn_gpu_bridge.connect",
+    "sklearn_gpu_bridge.keys", "sklearn_gpu_bridge.parallel", "sklearn_gpu_bridge.protocol",
+    "sklearn_gpu_bridge.protocol.arrays", "sklearn_gpu_bridge.protocol.ops", "sklearn_gpu_bridge.protocol.session",
+    "sklearn_gpu_bridge.shm", "sklearn_gpu_bridge.shm.pool",
+}
+#: command-line entry points: may import both sides
+ENTRY_POINTS = {"sklearn_gpu_bridge.cli", "sklearn_gpu_bridge.__main__", "sklearn_gpu_bridge.worker.__main__"}
+
+
+def _modules():
+    """{module name: path} of every module of the package, as installed."""
+    found = {}
+    for folder, name in FOLDERS.items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            parts = list(path.relative_to(ROOT / folder).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join([name, *parts])] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _module_level_imports(name, path):
+    """The package's modules that ``name`` imports when it is imported (not inside functions)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.parse(path.read_text()).body:  # only statements at module level
+        nodes = [node] + [n for n in ast.walk(node) if isinstance(n, (ast.Import, ast.ImportFrom))] \
+            if isinstance(node, (ast.If, ast.Try)) else [node]
+        for stmt in nodes:
+            if isinstance(stmt, ast.Import):
+                found.update(a.name for a in stmt.names)
+            elif isinstance(stmt, ast.ImportFrom):
+                base = stmt.module or ""
+                if stmt.level:
+                    anchor = package.split(".")[: len(package.split(".")) - stmt.level + 1]
+                    base = ".".join(anchor + ([stmt.module] if stmt.module else []))
+                found.add(base)
+                found.update(f"{base}.{a.name}" for a in stmt.names)
+    return {m for m in found if m in MODULES and m != name}
+
+
+GRAPH = {name: _module_level_imports(name, path) for name, path in MODULES.items()}
+
+
+def _side(name):
+    if name in ENTRY_POINTS:
+        return "entry"
+    if name in SHARED_CORE:
+        return "core"
+    return "worker" if name.startswith(f"{PACKAGE}.worker") else "client"
+
+
+def test_every_module_has_a_side():
+    """A new module must be placed: shared core, client side, worker side, or an entry point."""
+    assert {_side(name) for name in MODULES} <= {"core", "client", "worker", "entry"}
+    assert SHARED_CORE <= set(MODULES)
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_imports_run_one_way(name):
+    side = _side(name)
+    for imported in GRAPH[name]:
+        other = _side(imported)
+        if side == "core":
+            assert other == "core", f"{name} (shared core) imports {imported} ({other} side)"
+        elif side == "worker":
+            assert other in ("core", "worker"), f"{name} (worker side) imports {imported} ({other} side)"
+        elif side == "client":
+            assert other in ("core", "client"), f"{name} (client side) imports {imported} ({other} side)"
+
+
+def test_no_import_loop():
+    """No module reaches itself through module-level imports (a package's own submodules aside)."""
+    def reach(start):
+        seen, stack = set(), [start]
+        while stack:
+            for nxt in GRAPH[stack.pop()]:
+                if nxt not in seen:
+                    seen.add(nxt)
+                    stack.append(nxt)
+        return seen
+
+    loops = []
+    for name in MODULES:
+        back = [m for m in reach(name) if name in reach(m) and not (m.startswith(name + ".") or name.startswith(m + "."))]
+        if back:
+            loops.append((name, sorted(back)))
+    assert not loops, loops
+
+
+def _fresh(code):
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT / "tests")
+    assert run.returncode == 0, run.stderr
+    return json.loads(run.stdout)
+
+
+def test_importing_the_package_loads_no_worker_no_zmq_no_wrappers():
+    loaded = _fresh(f"import json, sys, {PACKAGE}; print(json.dumps(sorted(sys.modules)))")
+    ours = [m for m in loaded if m.startswith(PACKAGE)]
+    assert not [m for m in ours if m.startswith(f"{PACKAGE}.worker")], ours
+    assert "zmq" not in loaded and "sklearn" not in loaded and "cloudpickle" not in loaded
+    assert not [m for m in ours if m.startswith(f"{PACKAGE}.estimators.")], ours  # no wrapper module yet
+
+
+def test_a_wrapper_loads_on_first_use_and_still_no_worker():
+    loaded = _fresh(f"import json, sys, {PACKAGE}; {PACKAGE}.GPUSVC; print(json.dumps(sorted(sys.modules)))")
+    assert f"{PACKAGE}.estimators.svm" in loaded and f"{PACKAGE}.estimators.cluster" not in loaded
+    assert not [m for m in loaded if m.startswith(f"{PACKAGE}.worker")]
+
+
+def test_the_package_names_every_wrapper():
+    assert {f"GPU{name}" for name in ESTIMATORS} <= set(sklearn_gpu_bridge.__all__)
+    assert {f"GPU{name}" for name in ESTIMATORS} <= set(dir(sklearn_gpu_bridge))
+    with pytest.raises(AttributeError):
+        sklearn_gpu_bridge.GPUNoSuchThing  # noqa: B018
+
+
+def test_every_op_the_worker_answers_is_in_the_catalogue():
+    from sklearn_gpu_bridge.worker.server import Worker
+
+    implemented = {name[len("_op_"):] for name, _ in inspect.getmembers(Worker) if name.startswith("_op_")}
+    assert implemented == set(protocol.OPS)
+    assert protocol.QUICK_OPS | protocol.WORK_OPS == set(protocol.OPS)
+    for name, op in protocol.OPS.items():
+        assert op.kind in ("quick", "work") and op.request and op.reply, name
+
+
+def test_every_op_the_client_sends_is_in_the_catalogue():
+    source = "\n".join(MODULES[m].read_text() for m in MODULES if _side(m) in ("client", "entry"))
+    sent = {node.values[i + 1].value for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Dict)
+            for i, key in enumerate(node.keys[:-1]) if isinstance(key, ast.Constant) and key.value == "op"
+            if isinstance(node.values[i + 1], ast.Constant)}
+    sent |= {node.args[1].value for node in ast.walk(ast.parse(source))
+             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "quick_request"
+             and len(node.args) > 1 and isinstance(node.args[1], ast.Constant)}
+    assert sent and sent <= set(protocol.OPS), sent - set(protocol.OPS)
+
+
+def test_docs_list_every_op():
+    text = (ROOT / "docs" / "protocol.md").read_text()
+    assert all(f"`{name}`" in text for name in protocol.OPS)
+
+
+def test_the_worker_reads_the_same_environment_variables_from_both_entry_points(tmp_path):
+    """``sklearn-gpu-bridge worker`` and ``python -m sklearn_gpu_bridge.worker``: SKLEARN_GPU_BRIDGE_WORKER_<OPTION>."""
+    env = {"SKLEARN_GPU_BRIDGE_WORKER_BIND": "192.0.2.1", "PATH": "/usr/bin:/bin"}
+    for argv in ([sys.executable, "-m", f"{PACKAGE}.worker"], [sys.executable, "-m", PACKAGE, "worker"]):
+        run = subprocess.run([*argv, "--backend", "sklearn", "--connection-file", str(tmp_path / "w.json")],
+                             capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+        assert run.returncode != 0 and "binding 192.0.2.1 (not loopback) needs CurveZMQ" in run.stderr, run.stderr
+
+
+def test_one_table_of_defaults():
+    from sklearn_gpu_bridge.client import Connection
+    from sklearn_gpu_bridge.config import DEFAULTS, WORKER_DEFAULTS
+    from sklearn_gpu_bridge.worker.server import Worker
+
+    connection = inspect.signature(Connection).parameters
+    for name in ("heartbeat_timeout", "array_cache", "cache_min_bytes", "pool"):
+        assert connection[name].default == DEFAULTS[name], name
+    worker = inspect.signature(Worker).parameters
+    for name in set(WORKER_DEFAULTS) - {"backend", "log_level"}:  # the command line turns those into objects
+        assert worker[name].default == WORKER_DEFAULTS[name], name
