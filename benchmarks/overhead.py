@@ -124,10 +124,14 @@ def path_of(delta):
 
 
 def pool_room(conn, nbytes):
-    """None if the pool's folder has room for ``nbytes`` more, else why not (a full tmpfs means SIGBUS)."""
-    free = shutil.disk_usage(conn.pool.directory).free
+    """None if the pool has room for ``nbytes`` more (its folder, or memory for memfd segments), else why not."""
+    if conn.pool.directory is None:
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        where = "memory"
+    else:
+        free, where = shutil.disk_usage(conn.pool.directory).free, conn.pool.directory
     if free < nbytes + 64 * MB:
-        return f"{conn.pool.directory} has {free / MB:.0f} MB free, {nbytes / MB:.0f} MB needed"
+        return f"{where} has {free / MB:.0f} MB free, {nbytes / MB:.0f} MB needed"
     return None
 
 

@@ -29,7 +29,9 @@ W = WORKER_DEFAULTS
 
 @main.command()
 @click.option("--bind", default=W["bind"],
-              help="Address to listen on. Anything but loopback needs --curve-secret-key (CurveZMQ encryption).")
+              help="Where to listen: ipc (a socket in this user's private folder, for clients on this host), "
+                   "a loopback address for TCP (WSL2 to Windows: PLAIN, its password derived from the key), or any "
+                   "other address (needs --curve-secret-key: CurveZMQ encryption and an allow-list of clients).")
 @click.option("--port", default=W["port"], type=click.IntRange(0, 65535), help="TCP port; 0 picks a free one.")
 @click.option("--backend", default=W["backend"], type=BACKENDS,
               help="auto: cuML when importable, otherwise scikit-learn on CPU.")
@@ -44,12 +46,20 @@ W = WORKER_DEFAULTS
 @click.option("--curve-secret-key", type=click.Path(dir_okay=False), default=W["curve_secret_key"],
               help="CurveZMQ secret key file (owner-only) made by `sklearn-gpu-bridge keys`: encrypts "
                    "all traffic. Required to bind anything but loopback.")
+@click.option("--curve-allow", type=click.Path(file_okay=False), default=W["curve_allow"],
+              help="Folder of client public keys (`sklearn-gpu-bridge keys DIR --name NAME`) let in besides the "
+                   "one derived from the signing key (with --curve-secret-key).")
 @click.option("--key-file", type=click.Path(dir_okay=False), default=W["key_file"],
               help="File (owner-only) holding the signing key in hex (at least 128 bits). "
                    "Default: a fresh random key.")
 @click.option("--client-timeout", default=W["client_timeout"], type=click.FloatRange(0),
               help="Seconds of silence after which a client whose process cannot be watched (another "
-                   "host) is freed; it pings while idle to stay. 0: never.")
+                   "host, Windows) is freed; it pings every quarter of it while idle. 0: never.")
+@click.option("--max-queued", default=W["max_queued"], type=click.IntRange(1),
+              help="Requests one client may have waiting; more are refused at once.")
+@click.option("--max-frame-mb", default=W["max_frame_mb"], type=click.FloatRange(1),
+              help="MiB in one frame of a message (a longer frame closes the connection; clients split "
+                   "longer arrays).")
 @click.option("--array-cache-mb", default=W["array_cache_mb"], type=click.FloatRange(0),
               help="MiB of arrays kept for clients (all together), so that an array a client sends again "
                    "(GridSearchCV's folds) does not travel again. 0: keep none.")
@@ -63,7 +73,7 @@ def worker(backend, connection_file, parent_pid, log_level, **settings):
     try:
         # settings are checked before the backend warms up: a refusal comes at once
         check_settings(bind=settings["bind"], key_file=settings["key_file"],
-                       curve_secret_key=settings["curve_secret_key"])
+                       curve_secret_key=settings["curve_secret_key"], curve_allow=settings["curve_allow"])
         chosen, reason = make_backend(backend)
         if reason:
             logging.getLogger("sklearn_gpu_bridge.worker").warning("falling back to scikit-learn: %s", reason)

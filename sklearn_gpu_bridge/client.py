@@ -27,16 +27,17 @@ import time
 import warnings
 import weakref
 from collections import Counter, deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import cloudpickle
 import numpy as np
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from .config import DEFAULTS, ENV_CONNECTION_FILE, get_config
+from .config import DEFAULTS, ENV_CONNECTION_FILE, get_config, get_setting
 from .connect import default_connection_file, read_connection_file
 from .errors import CacheMiss, ProtocolError, VersionMismatch, WorkerLost, WorkerUnavailable, rebuild, warning_class
+from .keys import secure
 from .local_worker import ensure_local_worker, is_local_connection_file
 from .protocol import (
     INLINE_MAX,
@@ -66,19 +67,15 @@ def start_hint(path="PATH"):
 
 
 def _dealer(info, connect=True):
-    """A DEALER to the worker (CurveZMQ when the worker encrypts), on the process's ZeroMQ context.
+    """A DEALER to the worker with the credentials its address asks for (keys.secure), on the process's context.
 
     The context is the process-wide ``zmq.Context.instance()``, never one per
     connection: a connection dropped with sockets still open (a thread that
     never noticed the loss) then costs those sockets, never a ``term()`` that
     blocks forever inside the garbage collector.
     """
-    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock = secure(zmq.Context.instance().socket(zmq.DEALER), info, get_setting("curve_secret_key"))
     sock.linger = 0
-    if info.curve_server_key:
-        public, secret = zmq.curve_keypair()
-        sock.curve_serverkey = info.curve_server_key.encode()
-        sock.curve_publickey, sock.curve_secretkey = public, secret
     if connect:
         sock.connect(info.address)
     return sock
@@ -160,7 +157,7 @@ class Connection:
         self.client_id = new_id()
         self.process = process  # the local worker's Popen, to notice its death at once
         self.heartbeat_timeout = heartbeat_timeout
-        self.session = Session(info.key_bytes)
+        self.session = Session(info.key_bytes, peer=info.worker_id)
         self.stats = Counter()  # arrays sent/received per path (inline, pool, frame, cached); cache_hits ...
         self._stats_lock = threading.Lock()
         self.closed = False
@@ -232,32 +229,29 @@ class Connection:
     # ------------------------------------------------------------ round trips
 
     def _hello(self):
+        """The worker's Capabilities; with a pool, proven to be this client's (the nonce) and attached."""
         header = {"op": "hello", "protocol_version": PROTOCOL_VERSION, "pid": os.getpid()}
-        probe = None
         if self.pool is not None:
-            probe, token = self.pool.allocate(16), os.urandom(16)
-            probe.buffer()[:16] = token
-            header["pool"] = {
-                "name": self.pool.name,
-                "probe": {"segment": probe.segment, "offset": probe.offset}, "probe_bytes": token,
-            }
+            header["pool"] = self.pool.describe()
         try:
             reply, _ = self._roundtrip(header, timeout=HELLO_TIMEOUT)
         except WorkerLost as exc:
             why = (f"within {HELLO_TIMEOUT:.0f} s (not running, or a different key)" if "within" in str(exc)
-                   else "(nothing listens there, or it closed the connection: stopped, or a CurveZMQ key that "
-                        "does not match)")
+                   else "(nothing listens there, or it closed the connection: stopped, or credentials that "
+                        "do not match)")
             raise WorkerUnavailable(
                 f"no worker answered at {self.info.address} {why}; {start_hint(self.connection_file)}"
             ) from exc
-        finally:
-            if probe is not None:
-                probe.release()
         if reply.get("protocol_version") != PROTOCOL_VERSION:
             raise VersionMismatch(
                 f"worker speaks protocol {reply.get('protocol_version')}, this client {PROTOCOL_VERSION}"
             )
         capabilities = Capabilities.from_reply(reply)
+        if self.pool is not None and capabilities.pool_challenge is not None:
+            nonce = self.pool.read_nonce(capabilities.pool_challenge)
+            attached, _ = self._roundtrip({"op": "attach", "nonce": nonce}, timeout=HELLO_TIMEOUT)
+            capabilities = replace(capabilities, pool=bool(attached.get("pool")),
+                                   client_timeout=attached.get("client_timeout"))
         if not capabilities.pool and self.pool is not None:
             self.pool.close()
             self.pool = None
@@ -385,7 +379,7 @@ class Connection:
 
         out = None
         try:
-            encoder = Encoder(place, cache=self.cache, reuse=reuse)
+            encoder = Encoder(place, cache=self.cache, reuse=reuse, max_frame=self.capabilities.max_frame_bytes)
             if payload is not None:
                 header["payload"] = encoder.encode(payload)
             for name, blob in (blobs or {}).items():

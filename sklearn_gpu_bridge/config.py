@@ -57,11 +57,15 @@ DEFAULTS = {
     # when a fitted model's state is copied to the client: "lazy" (first read of a fitted
     # attribute, pickling) or "eager" (right after each fit: models outlive their worker)
     "state_sync": "lazy",
+    # this client's CurveZMQ secret key file for a worker beyond loopback whose --curve-allow lists
+    # its public key; None: the key derived from the signing key
+    "curve_secret_key": None,
 }
 
 WORKER_DEFAULTS = {
-    # address to listen on; anything but loopback needs curve_secret_key
-    "bind": "127.0.0.1",
+    # where to listen: "ipc" (a socket in this user's private folder: clients on this host), a loopback
+    # address for TCP (WSL2 to Windows; PLAIN, password from the key), or any other (needs curve_secret_key)
+    "bind": "ipc",
     # TCP port; 0 picks a free one
     "port": 0,
     # auto (cuML when importable, else scikit-learn on the CPU) | cuml | sklearn
@@ -72,10 +76,17 @@ WORKER_DEFAULTS = {
     "pool_dirs": (),
     # CurveZMQ secret key file (owner-only): encrypts all traffic
     "curve_secret_key": None,
+    # a folder of client public keys (`sklearn-gpu-bridge keys --name NAME`) allowed besides the key's own
+    "curve_allow": None,
     # file holding the signing key in hex (owner-only); None: a fresh random key
     "key_file": None,
-    # seconds of silence after which a client whose process cannot be watched is freed (0: never)
-    "client_timeout": 600.0,
+    # seconds of silence after which a client whose process cannot be watched is freed (0: never);
+    # such a client pings every quarter of it while idle
+    "client_timeout": 10.0,
+    # requests one client may have waiting; more are refused at once
+    "max_queued": 64,
+    # MiB in one frame of a message; longer arrays travel as several frames
+    "max_frame_mb": 1024.0,
     # MiB of arrays kept for clients (all together), so that a repeated array travels once
     "array_cache_mb": 1024.0,
     # DEBUG | INFO | WARNING | ERROR

@@ -23,11 +23,12 @@ MIN_KEY_BYTES = 16  # 128 bits
 
 @dataclass(frozen=True)
 class ConnectionInfo:
-    address: str
+    address: str  # ipc://<private folder>/...sock on one host; tcp://host:port otherwise
     key: str  # hex
     protocol_version: int
     pid: int
     backend: str
+    worker_id: str  # this worker run: messages name it, so none is taken by another run
     curve_server_key: str | None = None  # Z85 public key when the worker encrypts (CurveZMQ)
 
     @property

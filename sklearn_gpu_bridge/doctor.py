@@ -215,7 +215,7 @@ def _check_connection(add, connection_file, start_fix, restart):
 
 
 def _check_worker(add, info, restart, python, distro, use_wsl, cuml_restart):
-    if not service.tcp_reachable(info.address):
+    if not service.reachable(info.address):
         add("worker reachable", "fail", f"nothing listens at {info.address} (the connection file is stale)", restart)
         return None
     add("worker reachable", "ok", info.address)
@@ -248,8 +248,10 @@ def _check_worker(add, info, restart, python, distro, use_wsl, cuml_restart):
 
 
 def _candidate_label(result):
+    if result["name"] == "frames":
+        return "frames (ZeroMQ messages)"
     if result["pool_directory"] is None:
-        return "frames (ZeroMQ over TCP)"
+        return f"pool {result['name']} (shared memory)"
     return f"pool {result['name']} ({result['pool_directory']})"
 
 

@@ -108,6 +108,16 @@ def runtime_folder(name="sklearn-gpu-bridge"):
     return make_private_folder(Path(tempfile.gettempdir()) / f"{name}-{suffix}")
 
 
+def socket_path(name):
+    """A path for a Unix socket ``name`` in a private folder, short enough for ``sockaddr_un`` (107 bytes)."""
+    for folder in (lambda: runtime_folder(), lambda: make_private_folder(Path("/tmp") / f"sgb-{os.getuid()}")):
+        path = folder() / name
+        if len(str(path)) <= 100:
+            return path
+    raise ConfigurationError(f"no private folder gives a socket path short enough for {name}; "
+                             "set XDG_RUNTIME_DIR to a short folder of your own, or bind TCP (--bind 127.0.0.1)")
+
+
 # ---------------------------------------------------------------- files
 
 
@@ -238,7 +248,10 @@ def pid_alive(pid):
         os.kill(pid, 0)
     except (ProcessLookupError, PermissionError):  # gone, or another user's
         return False
-    return True
+    try:  # root may signal anyone: the owner says whose it is
+        return os.stat(f"/proc/{pid}").st_uid == os.getuid()
+    except FileNotFoundError:
+        return not os.path.isdir("/proc/self")  # no /proc (macOS): the signal's answer is all there is
 
 
 def process_start(pid):

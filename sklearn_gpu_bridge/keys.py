@@ -1,18 +1,64 @@
-"""CurveZMQ key pairs: made by ``sklearn-gpu-bridge keys``, read by the worker and by clients.
+"""Who may connect at all: the credentials of a connection, before any message.
 
-A pair is two ZeroMQ certificate files: ``NAME.key`` (the public key alone,
-for anyone) and ``NAME.key_secret`` (owner-only, 0600, from the start).
-A secret key file is read only when it is this user's alone.
+A worker listens on one of three kinds of address, and each has its gate:
+
+- ``ipc://`` (one host; the default on Linux and macOS): a socket file in a
+  private folder of the worker's user; the file system lets no other user
+  connect.
+- ``tcp://`` on loopback (WSL2 to Windows): ZeroMQ's PLAIN mechanism, whose
+  password is derived from the signing key; the worker's ZAP handler refuses
+  any other before a single message is accepted.
+- ``tcp://`` beyond loopback: CurveZMQ (encrypted), and the client's public
+  key must be on the worker's allow-list: the key derived from the signing
+  key, or one made by ``sklearn-gpu-bridge keys`` and listed in ``--curve-allow``.
+
+A key pair is two ZeroMQ certificate files: ``NAME.key`` (the public key
+alone, for anyone) and ``NAME.key_secret`` (owner-only, 0600, from the
+start). A secret key file is read only when it is this user's alone.
 """
 
+import hashlib
+import hmac
 import os
 from pathlib import Path
 
 import zmq
 import zmq.auth
+from zmq.utils import z85
 
 from .errors import ConfigurationError
 from .host import check_private_file
+
+PLAIN_USER = b"sklearn-gpu-bridge"
+
+
+def _derive(key, purpose):
+    return hmac.new(key, b"sklearn-gpu-bridge " + purpose, hashlib.sha256).digest()
+
+
+def plain_password(key):
+    """The PLAIN password of a worker with signing key ``key`` (bytes): only key holders know it."""
+    return _derive(key, b"plain password").hex().encode()
+
+
+def derived_client_pair(key):
+    """(public, secret) Z85 CurveZMQ keys that every holder of the signing key can make, and no one else."""
+    secret = z85.encode(_derive(key, b"curve client"))
+    return zmq.curve_public(secret), secret
+
+
+def secure(sock, info, client_secret_key=None):
+    """Set a client socket's credentials for the worker in ``info`` (before it connects)."""
+    if info.address.startswith("ipc://"):
+        return sock
+    key = info.key_bytes
+    if info.curve_server_key:
+        public, secret = load_secret(client_secret_key) if client_secret_key else derived_client_pair(key)
+        sock.curve_serverkey = info.curve_server_key.encode()
+        sock.curve_publickey, sock.curve_secretkey = public, secret
+    else:
+        sock.plain_username, sock.plain_password = PLAIN_USER, plain_password(key)
+    return sock
 
 _BANNER = "#   ZeroMQ CURVE {} certificate of sklearn-gpu-bridge\n#   {}\n\nmetadata\ncurve\n"
 

@@ -36,14 +36,15 @@ def _measure_candidate(info, connection_file, name, directory, rng, quick):
     """One candidate's figures; every failure becomes the result's ``why``."""
     result = {"name": name, "pool_directory": directory, "available": False, "coherent": None}
     try:
-        conn = Connection(info, connection_file=str(connection_file), pool="off" if directory is None else "auto",
+        conn = Connection(info, connection_file=str(connection_file), pool="off" if name == "frames" else "auto",
                           pool_directory=directory, heartbeat_timeout=5.0, array_cache="off")  # the path, not the cache
     except Exception as exc:  # noqa: BLE001 - reported: a folder that cannot be created, a dead worker
         result["why"] = f"{type(exc).__name__}: {exc}"
         return result
     try:
-        if directory is not None and conn.pool is None:
-            result["why"] = f"the worker does not see {directory} (not in its --pool-dir folders)"
+        if name != "frames" and conn.pool is None:
+            where = directory or "this process's shared memory"
+            result["why"] = f"the worker does not see {where} (not in its --pool-dir folders, or another host)"
         else:
             result.update(_measure_one(conn, rng, quick))
     except Exception as exc:  # noqa: BLE001 - a broken path is a result, not a crash

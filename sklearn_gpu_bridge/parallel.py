@@ -29,7 +29,8 @@ def _chunks(nbytes):
     return threads, -(-nbytes // threads)
 
 
-def _run(function, pieces):
+def run_chunks(function, pieces):
+    """``[function(*piece) for piece in pieces]``, on the pool of threads (in order)."""
     global _executor
     with _lock:
         if _executor is None or _executor[0] != os.getpid():
@@ -56,7 +57,7 @@ def copy_into(target, source):
         _copy_chunk(flat_target, flat_source)
         return
     step = -(-flat_source.size // threads)
-    _run(_copy_chunk, [(flat_target[at : at + step], flat_source[at : at + step])
+    run_chunks(_copy_chunk, [(flat_target[at : at + step], flat_source[at : at + step])
                        for at in range(0, flat_source.size, step)])
 
 
@@ -71,5 +72,5 @@ def all_sums_finite(X):
     if threads == 1:
         return bool(np.isfinite(flat.sum()))
     step //= flat.itemsize
-    sums = _run(np.sum, [(flat[at : at + step],) for at in range(0, flat.size, step)])
+    sums = run_chunks(np.sum, [(flat[at : at + step],) for at in range(0, flat.size, step)])
     return bool(np.isfinite(sum(sums)))

@@ -32,7 +32,7 @@ from urllib.parse import urlsplit
 
 from . import __version__, wsl
 from .client import Connection, _dealer
-from .config import get_config
+from .config import WORKER_DEFAULTS, get_config
 from .connect import default_connection_file, read_connection_file
 from .errors import BridgeError, ConfigurationError, ProtocolError, WorkerUnavailable
 from .host import ExclusiveLock, exited, make_private_folder, terminate
@@ -78,7 +78,7 @@ def quick_request(info, op, timeout=2.0):
     No hello and no pool: it works against a worker of another version too
     (``stop`` must be able to stop one).
     """
-    session = Session(info.key_bytes)
+    session = Session(info.key_bytes, peer=info.worker_id)
     sock = _dealer(info)
     try:
         msg_id = new_id()
@@ -98,8 +98,16 @@ def quick_request(info, op, timeout=2.0):
         sock.close(linger=0)
 
 
-def tcp_reachable(address, timeout=2.0):
-    """Whether something accepts TCP connections at ``tcp://host:port``."""
+def reachable(address, timeout=2.0):
+    """Whether something accepts connections at ``tcp://host:port`` or ``ipc://path``."""
+    if address.startswith("ipc://"):
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.settimeout(timeout)
+                s.connect(address[len("ipc://"):])
+                return True
+        except OSError:
+            return False
     parts = urlsplit(address)
     host = (parts.hostname or "127.0.0.1").strip("[]")
     if host in ("0.0.0.0", "*", "::"):
@@ -130,7 +138,7 @@ def _answering(path, timeout=2.0):
 
 
 def start(*, backend="auto", connection_file=None, log_file=None, log_level="INFO", threads=1,
-          bind="127.0.0.1", port=0, pool_dirs=(), python=None, use_wsl=False, distro=None,
+          bind=WORKER_DEFAULTS["bind"], port=0, pool_dirs=(), python=None, use_wsl=False, distro=None,
           startup_timeout=None, measure=None, wsl_exe=None, windows=None):
     """Start a background worker, wait until it is ready, and return what ``status`` returns.
 
@@ -277,6 +285,7 @@ def _wsl_launch(connection_file, *, backend, log_level, threads, bind, port, poo
         candidates.append({"name": "wsl-disk", "client": wsl.wsl_to_windows(home_pool, distro_name),
                            "worker": home_pool})
     worker_pool_dirs = ["/dev/shm", "/tmp", *(c["worker"] for c in candidates), *pool_dirs]
+    bind = "127.0.0.1" if bind == "ipc" else bind  # Windows reaches WSL2 through its localhost forwarding
     argv = wsl.wsl_command(
         worker_argv(probe.get("executable") or python,  # the probe's: an absolute path
                     connection_file=inside(folder) + "/" + Path(connection_file).name, safe_path=False,
@@ -373,9 +382,9 @@ def status(*, connection_file=None):
     result.update(address=info.address, pid=info.pid, protocol_version=info.protocol_version,
                   encrypted=bool(info.curve_server_key))
     if quick_request(info, "ping", timeout=3.0) is None:
-        reachable = tcp_reachable(info.address)
+        listening = reachable(info.address)
         result["problem"] = (
-            f"something listens at {info.address} but does not accept this file's key" if reachable
+            f"something listens at {info.address} but does not accept this file's key" if listening
             else f"no worker answers at {info.address} (the connection file is stale)"
         )
         return result
@@ -393,8 +402,8 @@ def _client_view(info, connection_file):
                       heartbeat_timeout=config["heartbeat_timeout"])
     try:
         reply = conn.status()
-        out["transport"] = {"path": "pool", "pool_directory": conn.pool.directory} if conn.pool is not None \
-            else {"path": "frames", "pool_directory": None}
+        out["transport"] = {"path": "pool", "pool_directory": conn.pool.directory, "kind": conn.pool.kind} \
+            if conn.pool is not None else {"path": "frames", "pool_directory": None}
         out["fallback_reason"] = conn.capabilities.fallback_reason
     finally:
         conn.close()
@@ -437,7 +446,12 @@ def format_status(result):
         if requests:
             rows.append(("requests", ", ".join(f"{k} {v}" for k, v in sorted(requests.items()))))
         used = result.get("transport") or {}
-        path = f"pool in {used['pool_directory']}" if used.get("path") == "pool" else "frames (ZeroMQ over TCP)"
+        if used.get("path") != "pool":
+            path = "frames (ZeroMQ messages)"
+        elif used.get("kind") == "memfd":
+            path = "pool in shared memory (sealed memfd)"
+        else:
+            path = f"pool in {used['pool_directory']}"
         rows.append(("transport", f"{path}  (setting {result.get('transport_setting')}: "
                      f"{result.get('transport_reason')})"))
         measured = result.get("transport_measured")

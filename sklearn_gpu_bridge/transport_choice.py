@@ -32,7 +32,6 @@ from pathlib import Path
 
 from .config import get_config, is_explicit
 from .connect import default_connection_file
-from .shm.pool import default_directory
 from .statefile import read_state, update_state, worker_identity
 
 TRANSPORTS = ("auto", "pool", "frames")
@@ -112,12 +111,16 @@ def _best_pool_directory(record, connection_file):
 
 
 def candidates_for(connection_file, extra_pool_directory=None):
-    """[(name, client pool folder or None)]: frames, the folders ``start`` set up, the platform's default."""
+    """[(name, client pool folder)]: frames, the folders ``start`` set up, else the default pool.
+
+    The default pool's folder is None: shared memory (memfd) on Linux, the
+    temp folder elsewhere.
+    """
     found = [("frames", None)]
     for candidate in read_state(connection_file).get("pool_candidates", ()):
         found.append((candidate["name"], candidate["client"]))
     if len(found) == 1:
-        found.append(("default", default_directory()))
+        found.append(("default", None))
     if extra_pool_directory and all(extra_pool_directory != d for _, d in found):
         found.append(("configured", extra_pool_directory))
     return found
@@ -128,7 +131,7 @@ def choose(results):
     usable = [r for r in results if r.get("available") and r.get("coherent") and r.get("mb_per_s")]
     if not usable:
         return None
-    frames = next((r for r in usable if r["pool_directory"] is None), None)
+    frames = next((r for r in usable if r["name"] == "frames"), None)
     best = max(usable, key=lambda r: r["mb_per_s"])
     if frames is not None and best is not frames and best["mb_per_s"] < PREFER_FRAMES_WITHIN * frames["mb_per_s"]:
         return frames

@@ -5,7 +5,13 @@ The backend is scikit-learn on CPU unless SKLEARN_GPU_BRIDGE_TEST_BACKEND=cuml
 when a test using it fails.
 """
 
+import json
 import os
+import pwd
+import shutil
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
@@ -101,3 +107,62 @@ def assert_same(bridged, direct):
         np.testing.assert_array_equal(bridged, direct)
     else:
         np.testing.assert_allclose(bridged, direct, rtol=1e-3, atol=1e-3)
+
+
+def record(name, **values):
+    """Print a measured figure and append it to $SKLEARN_GPU_BRIDGE_FIGURES (JSON lines)."""
+    print(f"FIGURE {name}: {values}")
+    path = os.environ.get("SKLEARN_GPU_BRIDGE_FIGURES")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps({"figure": name, **values}) + "\n")
+
+
+def wait_until(condition, seconds, step=0.05):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(step)
+    return condition()
+
+
+# ---------------------------------------------------------------- a second local user, for attacks
+
+OTHER_USER = "sgb-attacker"
+
+
+class OtherUser:
+    """Another local account: runs commands as itself, as an attacker on the same host would."""
+
+    def __init__(self, entry):
+        self.name, self.uid, self.gid = entry.pw_name, entry.pw_uid, entry.pw_gid
+        self.python = next((p for p in (sys.executable, "/usr/bin/python3", shutil.which("python3") or "")
+                            if p and self._runs(p)), None)
+
+    def _runs(self, python):
+        try:
+            return self.run([python, "-c", "import socket"], check=False).returncode == 0
+        except OSError:  # not theirs to run (a virtualenv under a private home)
+            return False
+
+    def run(self, argv, check=True, **kwargs):
+        return subprocess.run(argv, user=self.uid, group=self.gid, extra_groups=[], capture_output=True, text=True,
+                              env={"PATH": "/usr/bin:/bin", "HOME": "/"}, timeout=60, check=check, cwd="/", **kwargs)
+
+    def sh(self, script, check=True):
+        return self.run(["sh", "-c", script], check=check)
+
+
+@pytest.fixture(scope="session")
+def other_user():
+    """A second local user (made when the tests run as root; skipped otherwise, with the reason)."""
+    if os.name != "posix" or os.geteuid() != 0:
+        pytest.skip("needs root: the attack needs a second local user, which only root can create here")
+    try:
+        entry = pwd.getpwnam(OTHER_USER)
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", OTHER_USER],
+                       check=True, capture_output=True)
+        entry = pwd.getpwnam(OTHER_USER)
+    return OtherUser(entry)

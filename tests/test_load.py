@@ -29,9 +29,8 @@ import pytest
 import sklearn_gpu_bridge
 from sklearn_gpu_bridge import GPUKMeans, GPULogisticRegression, GPUPCA, GPUStandardScaler, GPUSVC
 
-from .conftest import BACKEND, WorkerProcess, use_worker
+from .conftest import BACKEND, WorkerProcess, record, use_worker
 from .test_bad_input import _oracle
-from .test_faults import record
 
 pytestmark = pytest.mark.skipif(BACKEND != "sklearn", reason="exact comparison with scikit-learn: CPU backend")
 
@@ -126,8 +125,8 @@ def _assert_equal(got, expected, what):
     np.testing.assert_allclose(got, expected, rtol=64 * eps, atol=64 * eps * scale, err_msg=what)
 
 
-class LeaseWatch:
-    """Checks, in this process, that no pool slot is ever leased twice at once."""
+class BlockWatch:
+    """Checks, in this process, that no pool slot is ever in two blocks at once."""
 
     def __init__(self):
         from sklearn_gpu_bridge.shm import pool as pool_module
@@ -138,7 +137,6 @@ class LeaseWatch:
         self.leases = 0
         self.overlaps = []
         lease, release = pool_module.Pool.allocate, pool_module.Block.release
-        shrink = pool_module.Block.shrink
         watch = self
 
         def watched_lease(pool, nbytes):
@@ -156,15 +154,8 @@ class LeaseWatch:
             watch.forget(taken, taken.start, taken.count)  # before the slots are free again
             release(taken)
 
-        def watched_shrink(taken, nbytes):
-            keep = -(-nbytes // taken._pool.slot_size)
-            if keep < taken.count:
-                watch.forget(taken, taken.start + keep, taken.count - keep)
-            shrink(taken, nbytes)
-
         pool_module.Pool.allocate = watched_lease
         pool_module.Block.release = watched_release
-        pool_module.Block.shrink = watched_shrink
 
     def forget(self, taken, start, count):
         with self.lock:
@@ -177,7 +168,7 @@ class LeaseWatch:
 def _client_process(connection_file, seed, threads, calls):
     """One spawned process: ``threads`` threads x ``calls`` checked random calls; returns its counts."""
     warnings.simplefilter("ignore")  # ConvergenceWarning and the like, on both sides alike
-    watch = LeaseWatch()
+    watch = BlockWatch()
     sklearn_gpu_bridge.set_config(connection_file=connection_file, start_local_worker=False)
     try:
         connection = sklearn_gpu_bridge.get_connection()

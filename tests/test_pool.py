@@ -1,10 +1,11 @@
-"""The slotted mmap pool: leases, files, attachment checks, and real concurrent use.
+"""The slotted pool: blocks, segments (sealed memfds, or files), attachment checks, and real concurrent use.
 
 Unit tests use small slots so that many segments are cheap; the rest go
 through the real worker of the session, from threads and from spawned
 processes, and check every array that comes back.
 """
 
+import errno
 import gc
 import multiprocessing
 import os
@@ -17,58 +18,60 @@ import numpy as np
 import pytest
 
 import sklearn_gpu_bridge
-from sklearn_gpu_bridge.protocol import INLINE_MAX
 from sklearn_gpu_bridge.host import pid_alive
+from sklearn_gpu_bridge.protocol import INLINE_MAX
 from sklearn_gpu_bridge.shm import SLOT_SIZE, Pool, PoolAttachment, PoolError, remove_orphans
+from sklearn_gpu_bridge.shm.pool import MEMFD
 
 DEAD_PID = 2**22 + 12345  # above Linux's largest pid_max: no such process can exist
 RESULT_TIMEOUT = 120
+needs_memfd = pytest.mark.skipif(not MEMFD, reason="memfd segments exist on Linux only")
 
 
-@pytest.fixture
-def small_pool(tmp_path):
-    pool = Pool(str(tmp_path), slot_size=4096, segment_slots=8)
+@pytest.fixture(params=["file", pytest.param("memfd", marks=needs_memfd)])
+def small_pool(tmp_path, request):
+    pool = Pool(str(tmp_path) if request.param == "file" else None, slot_size=4096, segment_slots=8)
+    assert pool.kind == request.param
     yield pool
     pool.close()
 
 
-def _slots(lease):
-    return {(lease.segment, lease.start + i) for i in range(lease.count)}
+def _slots(block):
+    return {(block.segment, block.start + i) for i in range(block.count)}
 
 
-# ---------------------------------------------------------------- leasing
+# ---------------------------------------------------------------- blocks
 
 
-def test_leases_never_overlap_under_random_lease_and_release(small_pool):
-    rng = random.Random(1234)
-    live = {}  # id -> (lease, fill byte)
-    for step in range(600):
+def test_blocks_never_overlap_under_random_allocate_and_release(small_pool):
+    rng = random.Random(0)
+    live = {}  # id -> (block, fill byte)
+    for step in range(400):
         if live and rng.random() < 0.45:
-            lease, _ = live.pop(rng.choice(list(live)))
-            lease.release()
+            block, _ = live.pop(rng.choice(list(live)))
+            block.release()
         else:
-            nbytes = rng.choice([1, 100, 4096, 4097, 3 * 4096, rng.randrange(1, 12 * 4096)])
-            lease = small_pool.allocate(nbytes)
-            assert lease.nbytes >= nbytes and lease.count == max(1, -(-nbytes // 4096))
+            nbytes = rng.choice([1, 4095, 4096, 4097, 3 * 4096, 9 * 4096, 20 * 4096])
+            block = small_pool.allocate(nbytes)
+            assert block.nbytes >= nbytes and block.count == max(1, -(-nbytes // 4096))
             fill = step % 251 + 1
-            lease.buffer()[:] = bytes([fill]) * lease.nbytes
-            live[step] = (lease, fill)
-        taken = [_slots(lease) for lease, _ in live.values()]
-        assert sum(len(s) for s in taken) == len(set().union(*taken)) == small_pool.slots_in_use
-        if step % 50 == 0:  # every live lease still holds exactly what was written into it
-            for lease, fill in live.values():
-                assert bytes(lease.buffer()) == bytes([fill]) * lease.nbytes
-    for lease, _ in live.values():
-        lease.release()
+            block.buffer()[:] = bytes([fill]) * block.nbytes
+            live[step] = (block, fill)
+        taken = [_slots(block) for block, _ in live.values()] + [_slots(small_pool.handshake)]
+        assert sum(len(s) for s in taken) == len(set().union(*taken)) == small_pool.slots_in_use + 1
+        if step % 50 == 0:  # every live block still holds exactly what was written into it
+            for block, fill in live.values():
+                assert bytes(block.buffer()) == bytes([fill]) * block.nbytes
+    for block, _ in live.values():
+        block.release()
     assert small_pool.slots_in_use == 0
 
 
-def test_lease_larger_than_a_segment_gets_its_own_segment(small_pool):
+def test_a_block_larger_than_a_segment_gets_its_own_segment(small_pool):
     first = small_pool.allocate(1)
     big = small_pool.allocate(20 * 4096 + 1)  # 21 slots; a segment holds 8
-    assert big.segment == 1 and big.start == 0 and big.count == 21
+    assert big.segment != first.segment and big.start == 0
     assert len(big.buffer()) == 21 * 4096
-    assert os.path.getsize(small_pool.paths[1]) == 21 * 4096
     big.buffer()[-1:] = b"\x07"
     assert small_pool.slots_in_use == 22
     big.release()
@@ -76,48 +79,21 @@ def test_lease_larger_than_a_segment_gets_its_own_segment(small_pool):
     assert small_pool.slots_in_use == 0
 
 
-def test_lease_that_does_not_fit_what_is_left_grows_the_pool(small_pool):
-    held = small_pool.allocate(6 * 4096)
-    other = small_pool.allocate(3 * 4096)  # 2 slots left in segment 0: a new segment
-    assert (held.segment, other.segment) == (0, 1)
-    assert len(small_pool.paths) == 2
-    held.release()
-    other.release()
-
-
-def test_shrink_frees_the_tail(small_pool):
-    lease = small_pool.allocate(5 * 4096)
-    lease.shrink(2 * 4096 + 1)
-    assert lease.count == 3 and small_pool.slots_in_use == 3
-    lease.shrink(10 * 4096)  # growing is not shrinking: nothing changes
-    assert lease.count == 3
-    tail = small_pool.allocate(2 * 4096)
-    assert (tail.segment, tail.start) == (lease.segment, 3)
-    lease.release()
-    lease.release()  # twice is harmless
-    tail.release()
-    assert small_pool.slots_in_use == 0
-
-
-def test_reslots_in_use_are_reused(small_pool):
+def test_released_slots_are_reused(small_pool):
     a = small_pool.allocate(3 * 4096)
     b = small_pool.allocate(2 * 4096)
     a.release()
     c = small_pool.allocate(2 * 4096)
-    assert (c.segment, c.start) == (0, 0)  # in the hole a left, not a new segment
-    d = small_pool.allocate(1)
-    assert (d.segment, d.start) == (0, 2)
-    assert len(small_pool.paths) == 1
-    for lease in (b, c, d):
-        lease.release()
+    assert (c.segment, c.start) == (small_pool.handshake.segment, 1)  # in the hole a left, after the handshake
+    for block in (b, c):
+        block.release()
     assert small_pool.slots_in_use == 0
 
 
-@pytest.mark.parametrize("where", ["tmp", "default"])
-def test_segment_files_are_sparse_owner_only_and_removed_on_close(tmp_path, where):
-    pool = Pool(str(tmp_path) if where == "tmp" else None)  # default: /dev/shm on Linux
+def test_file_segments_are_sparse_owner_only_and_removed_on_close(tmp_path):
+    pool = Pool(str(tmp_path))
     try:
-        lease = pool.allocate(16)
+        block = pool.allocate(16)
         (path,) = pool.paths
         info = os.stat(path)
         assert os.path.basename(path).startswith(f"sgb-pool-{os.getpid()}-")
@@ -125,16 +101,32 @@ def test_segment_files_are_sparse_owner_only_and_removed_on_close(tmp_path, wher
         assert info.st_mode & 0o777 == 0o600
         assert info.st_size == 64 * SLOT_SIZE
         assert info.st_blocks * 512 <= 4 * SLOT_SIZE  # not 64 MiB of zeros written
-        lease.buffer()[:16] = b"x" * 16
-        lease.release()
+        block.buffer()[:16] = b"x" * 16
+        block.release()
     finally:
         pool.close()
     assert not os.path.exists(path)
 
 
+@needs_memfd
+def test_memfd_segments_are_sealed_and_leave_no_file():
+    """A client cannot shrink (or grow) memory the worker maps: a truncate fails, so no SIGBUS is possible."""
+    pool = Pool()
+    try:
+        assert pool.kind == "memfd" and pool.paths == []
+        fd = pool.handshake.segment
+        assert os.readlink(f"/proc/self/fd/{fd}").startswith(f"/memfd:{pool.name}-0")
+        for size in (0, 4096, 10 * 64 * SLOT_SIZE):
+            with pytest.raises(OSError) as refused:
+                os.ftruncate(fd, size)
+            assert refused.value.errno == errno.EPERM
+    finally:
+        pool.close()
+
+
 def test_close_keeps_live_arrays_valid(small_pool):
-    lease = small_pool.allocate(4096)
-    view = np.frombuffer(lease.buffer(), np.uint8)
+    block = small_pool.allocate(4096)
+    view = np.frombuffer(block.buffer(), np.uint8)
     view[:] = 9
     small_pool.close()
     assert not any(os.path.exists(p) for p in small_pool.paths)
@@ -163,7 +155,7 @@ def test_remove_orphans_removes_only_files_of_dead_pids(tmp_path):
     assert remove_orphans(str(tmp_path / "missing")) == 0
 
 
-def test_a_new_pool_removes_orphans_in_its_directory(tmp_path):
+def test_a_new_file_pool_removes_orphans_in_its_directory(tmp_path):
     dead = _fake_pool_file(tmp_path, DEAD_PID)
     pool = Pool(str(tmp_path))
     try:
@@ -183,50 +175,89 @@ def test_a_new_pool_removes_orphans_in_its_directory(tmp_path):
 )
 def test_attachment_refuses_names_that_are_not_pool_names(tmp_path, name):
     with pytest.raises(PoolError, match="not a pool name"):
-        PoolAttachment(str(tmp_path), name)
+        PoolAttachment({"name": name, "kind": "file", "pid": os.getpid(), "segment": 0}, [str(tmp_path)])
 
 
 @pytest.fixture
 def attached(small_pool):
-    lease = small_pool.allocate(3 * 4096)
-    lease.buffer()[:4] = b"abcd"
-    yield small_pool, PoolAttachment(small_pool.directory, small_pool.name)
-    lease.release()
-
-
-def test_attachment_reads_what_the_owner_wrote(attached):
-    pool, attachment = attached
-    assert bytes(attachment.buffer(0, 0, 4)) == b"abcd"
-    attachment.buffer(0, 8 * 4096 - 1, 1)[:] = b"z"  # the last byte of the segment
-    assert len(attachment.buffer(0, 8 * 4096, 0)) == 0
+    block = small_pool.allocate(3 * 4096)
+    block.buffer()[:4] = b"abcd"
+    attachment = PoolAttachment(small_pool.describe(), [small_pool.directory or "/nowhere"])
+    yield small_pool, attachment, block
     attachment.close()
+    block.release()
+
+
+def test_attachment_reads_and_writes_what_the_owner_sees(attached):
+    pool, attachment, block = attached
+    assert bytes(attachment.read(block.segment, block.offset, 4)) == b"abcd"
+    out = attachment.output(block.segment, block.offset + 8, 3)
+    out.memory[:] = b"xyz"
+    out.commit(3)
+    assert bytes(block.buffer()[8:11]) == b"xyz"
+    end = len(pool._segments[0].view)
+    assert len(attachment.read(block.segment, end, 0)) == 0
+
+
+def test_the_challenge_nonce_lands_in_the_owners_handshake_area_only(attached):
+    pool, attachment, block = attached
+    before = bytes(block.buffer())
+    slot, nonce = attachment.challenge()
+    assert pool.read_nonce(slot) == nonce and len(nonce) == 32
+    assert bytes(block.buffer()) == before  # no data block touched
 
 
 @pytest.mark.parametrize(
-    "segment, offset, nbytes",
-    [
-        (0, 0, 8 * 4096 + 1), (0, 8 * 4096, 1), (0, 2**62, 2**62), (0, 1, 8 * 4096), (1, 0, 1), (10**6, 0, 1),
-        (-1, 0, 1), (0, -1, 1), (0, 0, -1), (0, 4096, -4096),
-        (0.0, 0, 1), ("0", 0, 1), (0, None, 1), (0, 0, 1.0), (True, 0, 1), (0, False, 1),
-    ],
+    "offset, nbytes",
+    [(0, 8 * 4096 + 1), (8 * 4096, 1), (2**62, 2**62), (1, 8 * 4096), (-1, 1), (0, -1), (4096, -4096),
+     (None, 1), (0, 1.0), (False, 1)],
 )
-def test_attachment_refuses_ranges_outside_the_pool(attached, segment, offset, nbytes):
-    _, attachment = attached
+def test_attachment_refuses_ranges_outside_the_pool(attached, offset, nbytes):
+    _, attachment, block = attached
     with pytest.raises(PoolError):
-        attachment.buffer(segment, offset, nbytes)
+        attachment.read(block.segment, offset, nbytes)
 
 
-def test_attachment_refuses_a_segment_that_is_a_symlink_or_empty(tmp_path):
+@pytest.mark.parametrize("segment", [10**6, -1, 0.0, "0", True, None])
+def test_attachment_refuses_segments_that_are_not_the_pools(attached, segment):
+    _, attachment, _ = attached
+    with pytest.raises(PoolError):
+        attachment.read(segment, 0, 1)
+
+
+def test_attachment_refuses_a_segment_file_that_is_a_symlink_or_empty(tmp_path):
     name = f"sgb-pool-{os.getpid()}-{secrets.token_hex(8)}"
+    (tmp_path / f"{name}-0").write_bytes(b"x" * 8192)
     target = tmp_path / "target"
     target.write_bytes(b"secret" * 100)
-    os.symlink(target, tmp_path / f"{name}-0")
-    (tmp_path / f"{name}-1").write_bytes(b"")
-    os.mkdir(tmp_path / f"{name}-2")
-    attachment = PoolAttachment(str(tmp_path), name)
-    for segment in (0, 1, 2):
+    os.symlink(target, tmp_path / f"{name}-1")
+    (tmp_path / f"{name}-2").write_bytes(b"")
+    os.mkdir(tmp_path / f"{name}-3")
+    attachment = PoolAttachment({"name": name, "kind": "file", "pid": os.getpid(), "segment": 0}, [str(tmp_path)])
+    for segment in (1, 2, 3):
         with pytest.raises(PoolError):
-            attachment.buffer(segment, 0, 1)
+            attachment.read(segment, 0, 1)
+
+
+@needs_memfd
+def test_memfd_attachment_refuses_an_fd_that_is_not_a_sealed_segment_of_that_pool(tmp_path):
+    pool, other = Pool(), Pool()
+    plain = open(tmp_path / "plain", "wb")
+    unsealed = os.memfd_create(f"{pool.name}-0")  # the right name, no seals
+    os.ftruncate(unsealed, 8192)
+    try:
+        for segment in (other.handshake.segment, plain.fileno(), unsealed, 10**6):
+            with pytest.raises(PoolError):
+                PoolAttachment({**pool.describe(), "segment": segment})
+        attachment = PoolAttachment(pool.describe())
+        with pytest.raises(PoolError):
+            attachment.read(other.handshake.segment, 0, 1)  # another pool's segment, named in a request
+        attachment.close()
+    finally:
+        plain.close()
+        os.close(unsealed)
+        pool.close()
+        other.close()
 
 
 # ---------------------------------------------------------------- through the real worker
@@ -320,7 +351,7 @@ def test_array_larger_than_a_segment_round_trips(connection):
     np.testing.assert_array_equal(result[1], big)
     assert connection.stats["sent_pool"] - before.get("sent_pool", 0) == 2
     assert connection.stats["received_pool"] - before.get("received_pool", 0) == 2
-    assert any(os.path.getsize(p) > 64 * SLOT_SIZE for p in connection.pool.paths)
+    assert any(len(segment.view) > 64 * SLOT_SIZE for segment in connection.pool._segments)
     del result
     gc.collect()
     assert connection.pool.slots_in_use == baseline

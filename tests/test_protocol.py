@@ -8,6 +8,7 @@ client would never write.
 
 import os
 import pickle
+import time
 
 import numpy as np
 import pytest
@@ -16,24 +17,33 @@ import zmq
 import sklearn_gpu_bridge
 from sklearn_gpu_bridge.errors import ProtocolError
 from sklearn_gpu_bridge.protocol import DTYPES, INLINE_MAX, Decoder, Encoder, Session, loads_header, new_id
+from sklearn_gpu_bridge.protocol.session import StaleMessage
 from sklearn_gpu_bridge.shm import Pool, PoolAttachment, PoolError
 
 KEY = os.urandom(32)
 RECV_TIMEOUT_MS = 5000
 
 
+WORKER = "w" * 24  # the worker run these tests' messages are for
+
+
 def _message(session, **header):
     return session.pack({"op": "ping", "id": new_id(), **header})
+
+
+def _pair(**receiver):
+    """(a client's session, a worker's session) with the same key."""
+    return Session(KEY, peer=WORKER), Session(KEY, me=WORKER, **receiver)
 
 
 # ---------------------------------------------------------------- Session
 
 
 def test_sign_unpack_round_trip():
-    sender, receiver = Session(KEY), Session(KEY)
+    sender, receiver = _pair()
     frames = sender.pack({"op": "fit", "id": new_id(), "params": {"C": 1.5, "k": [1, (2, None)]}}, [b"raw"])
     header, buffers = receiver.unpack(frames)
-    assert header["op"] == "fit"
+    assert header["op"] == "fit" and header["to"] == WORKER
     assert header["params"] == {"C": 1.5, "k": [1, (2, None)]}
     assert [bytes(b) for b in buffers] == [b"raw"]
     assert not receiver.refused
@@ -51,20 +61,76 @@ def test_empty_key_is_refused(key):
 
 
 def test_wrong_key_is_refused():
-    receiver = Session(KEY)
+    _, receiver = _pair()
     with pytest.raises(ProtocolError, match="signature"):
-        receiver.unpack(_message(Session(b"another key")))
+        receiver.unpack(_message(Session(b"another key", peer=WORKER)))
     assert receiver.refused == {"bad_signature": 1}
 
 
 def test_tampered_header_is_refused():
-    receiver = Session(KEY)
-    signature, header = _message(Session(KEY), handle=1)
+    sender, receiver = _pair()
+    signature, header = _message(sender, handle=1)
     tampered = header.replace(b"ping", b"stop")
     assert tampered != header
     with pytest.raises(ProtocolError, match="signature"):
         receiver.unpack([signature, tampered])
     assert receiver.refused == {"bad_signature": 1}
+
+
+@pytest.mark.parametrize("where", [0, 1 << 19, -1])
+@pytest.mark.parametrize("size", [100, 20 << 20])  # one digest; a digest of parallel chunks
+def test_a_buffer_changed_after_signing_is_refused(where, size):
+    """The signature covers every frame: one byte of an array frame flipped is caught."""
+    sender, receiver = _pair()
+    data = bytearray(os.urandom(size))
+    frames = sender.pack({"op": "echo", "id": new_id()}, [bytes(data)])
+    assert len(_pair()[1].unpack(list(frames))[1]) == 1
+    data[where % size] ^= 1
+    with pytest.raises(ProtocolError, match="digest"):
+        receiver.unpack([frames[0], frames[1], bytes(data)])
+    with pytest.raises(ProtocolError, match="digest"):  # a frame added, or one left out
+        receiver.unpack([*_message(sender), b"extra"])
+    assert receiver.refused == {"bad_digest": 2}
+
+
+def test_a_message_for_another_worker_run_is_refused():
+    """A restarted worker with the same --key-file, or another worker: its messages are not this run's."""
+    _, receiver = _pair()
+    for sender in (Session(KEY, peer="x" * 24), Session(KEY)):
+        with pytest.raises(ProtocolError, match="another worker run"):
+            receiver.unpack(_message(sender))
+    assert receiver.refused == {"wrong_worker": 2}
+
+
+@pytest.mark.parametrize("skew", [-400.0, 400.0])
+def test_a_message_from_too_long_ago_or_ahead_is_refused(skew, monkeypatch):
+    sender, receiver = _pair()
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + skew)
+    frames = _message(sender)
+    monkeypatch.setattr(time, "time", real)
+    with pytest.raises(StaleMessage, match="clock"):
+        receiver.unpack(frames)
+    assert receiver.refused == {"stale": 1}
+
+
+@pytest.mark.parametrize(
+    "header_bytes",
+    [
+        b"\x80\x05garbage",  # not a pickle
+        b"",  # empty
+        pickle.dumps(["op", "ping"], protocol=5),  # not a dict
+        pickle.dumps({"id": "x"}, protocol=5),  # no op
+        pickle.dumps({"op": 3}, protocol=5),  # op not a str
+        pickle.dumps({"op": "ping"}, protocol=5)[:-3],  # cut short
+    ],
+    ids=["garbage", "empty", "list", "no-op", "int-op", "cut"],
+)
+def test_signed_garbage_header_is_malformed(header_bytes):
+    sender, receiver = _pair()
+    with pytest.raises(ProtocolError):
+        receiver.unpack([sender.sign(header_bytes), header_bytes])
+    assert receiver.refused == {"malformed": 1}
 
 
 @pytest.mark.parametrize("frames", [[], [b"only one frame"]], ids=["none", "one"])
@@ -82,27 +148,8 @@ def test_garbage_header_without_signature_is_refused_before_unpickling():
     assert receiver.refused == {"bad_signature": 1}
 
 
-@pytest.mark.parametrize(
-    "header_bytes",
-    [
-        b"\x80\x05garbage",  # not a pickle
-        b"",  # empty
-        pickle.dumps(["op", "ping"], protocol=5),  # not a dict
-        pickle.dumps({"id": "x"}, protocol=5),  # no op
-        pickle.dumps({"op": 3}, protocol=5),  # op not a str
-        pickle.dumps({"op": "ping"}, protocol=5)[:-3],  # cut short
-    ],
-    ids=["garbage", "empty", "list", "no-op", "int-op", "cut"],
-)
-def test_signed_garbage_header_is_malformed(header_bytes):
-    sender, receiver = Session(KEY), Session(KEY)
-    with pytest.raises(ProtocolError):
-        receiver.unpack([sender.sign(header_bytes), header_bytes])
-    assert receiver.refused == {"malformed": 1}
-
-
 def test_replayed_message_is_refused():
-    sender, receiver = Session(KEY), Session(KEY)
+    sender, receiver = _pair()
     frames = _message(sender)
     receiver.unpack(frames)
     for _ in range(2):
@@ -111,14 +158,16 @@ def test_replayed_message_is_refused():
     assert receiver.refused == {"replayed": 2}
 
 
-def test_replay_window_forgets_only_the_oldest():
-    sender, receiver = Session(KEY), Session(KEY, replay_window=3)
+def test_a_forgotten_signature_still_cannot_be_replayed():
+    """Past ``remember`` signatures the oldest go, and with them every message as old: refused as stale."""
+    sender, receiver = _pair(remember=3)
     messages = [_message(sender) for _ in range(4)]
     for frames in messages:
         receiver.unpack(frames)
-    receiver.unpack(messages[0])  # pushed out of the window of 3
+    with pytest.raises(StaleMessage):
+        receiver.unpack(messages[0])  # pushed out of the 3 remembered: its time is below the floor now
     for frames in messages[2:]:
-        with pytest.raises(ProtocolError, match="replay"):
+        with pytest.raises(ProtocolError, match="replay|clock"):
             receiver.unpack(frames)
 
 
@@ -155,7 +204,7 @@ def test_evil_pickles_really_would_run(tmp_path):
 def test_signed_header_with_a_global_is_refused_and_nothing_runs(tmp_path, name):
     marker = tmp_path / "MARKER"
     header_bytes = _evil_pickles(marker)[name]
-    sender, receiver = Session(KEY), Session(KEY)
+    sender, receiver = _pair()
     with pytest.raises(ProtocolError):
         receiver.unpack([sender.sign(header_bytes), header_bytes])
     assert receiver.refused == {"malformed": 1}
@@ -224,10 +273,15 @@ LAYOUTS = {
 
 
 @pytest.fixture(scope="module")
-def pool(tmp_path_factory):
-    pool = Pool(str(tmp_path_factory.mktemp("pool")))
+def pool():
+    pool = Pool()  # memfd segments on Linux, files elsewhere: the client's default
     yield pool
     pool.close()
+
+
+def _reader(pool):
+    """The worker's reads of ``pool``."""
+    return PoolAttachment(pool.describe(), [pool.directory] if pool.directory else []).read
 
 
 def _codec_pair(path, pool, leases):
@@ -242,7 +296,7 @@ def _codec_pair(path, pool, leases):
         leases.append(lease)
         return lease.segment, lease.offset, lease.buffer()
 
-    return Encoder(place, inline_max=0), PoolAttachment(pool.directory, pool.name).buffer
+    return Encoder(place, inline_max=0), _reader(pool)
 
 
 @pytest.mark.parametrize("path", ["inline", "frame", "pool"])
@@ -398,7 +452,7 @@ def test_decoder_never_reads_outside_the_pool(pool, where):
     lease = pool.allocate(64)
     try:
         desc = _desc(where="pool", data=_DROP, **where)
-        decoder = Decoder({"arrays": [desc]}, [], read_pool=PoolAttachment(pool.directory, pool.name).buffer)
+        decoder = Decoder({"arrays": [desc]}, [], read_pool=_reader(pool))
         with pytest.raises((ProtocolError, PoolError)):
             decoder.decode({"__array__": 0})
     finally:
@@ -496,7 +550,7 @@ class RawClient:
         self.socket = self.context.socket(zmq.DEALER)
         self.socket.linger = 0
         self.socket.connect(worker.info.address)
-        self.session = Session(worker.info.key_bytes)
+        self.session = Session(worker.info.key_bytes, peer=worker.info.worker_id)
 
     def send(self, header, buffers=()):
         header = {"id": new_id(), "client": "raw-" + new_id(), **header}
@@ -569,7 +623,7 @@ def test_worker_refuses_pool_descriptor_of_a_pool_it_never_attached(connection, 
 def test_worker_refuses_output_room_outside_the_pool(connection, raw):
     big = np.zeros(INLINE_MAX, "uint8")
     desc = {"dtype": "|u1", "shape": [big.size], "order": "C", "where": "frame", "index": 0}
-    out = {"segment": 0, "offset": 2**40, "nbytes": 1 << 20}
+    out = {"segment": connection.pool.handshake.segment, "offset": 2**40, "nbytes": 1 << 20}
     msg_id = raw.send(_echo_header(connection, desc, out=out), [big])
     reply, _ = raw.reply(msg_id)
     assert reply["op"] == "error" and reply["mro"][0][1] in ("ProtocolError", "PoolError")

@@ -26,10 +26,12 @@ from sklearn.preprocessing import StandardScaler
 
 import sklearn_gpu_bridge
 from sklearn_gpu_bridge import GPUStandardScaler, ProtocolError
+from sklearn_gpu_bridge.client import Connection
+from sklearn_gpu_bridge.errors import ConfigurationError
+from sklearn_gpu_bridge.keys import derived_client_pair, secure
+from sklearn_gpu_bridge.keys import make_pair as make_curve_keys
 from sklearn_gpu_bridge.protocol import Session, new_id
 from sklearn_gpu_bridge.worker import check_settings
-from sklearn_gpu_bridge.errors import ConfigurationError
-from sklearn_gpu_bridge.keys import make_pair as make_curve_keys
 
 from .conftest import WorkerProcess, assert_same, use_worker
 
@@ -43,10 +45,10 @@ class RawClient:
 
     def __init__(self, worker, key=None):
         self.context = zmq.Context()
-        self.socket = self.context.socket(zmq.DEALER)
+        self.socket = secure(self.context.socket(zmq.DEALER), worker.info)  # past the gate: what it sends is tested
         self.socket.linger = 0
         self.socket.connect(worker.info.address)
-        self.session = Session(key or worker.info.key_bytes)
+        self.session = Session(key or worker.info.key_bytes, peer=worker.info.worker_id)
         self.client = "raw-" + new_id()
 
     def header(self, op, **fields):
@@ -218,7 +220,11 @@ def test_connection_file_is_owner_only_and_holds_a_fresh_key(worker):
     data = json.loads(worker.connection_file.read_text())
     assert re.fullmatch(r"[0-9a-f]{64}", data["key"])
     assert data["key"] == worker.info.key
-    assert re.fullmatch(r"tcp://127\.0\.0\.1:\d+", data["address"])  # loopback by default
+    assert re.fullmatch(r"[0-9a-f]{24}", data["worker_id"])
+    assert data["address"].startswith("ipc://")  # a socket of this user's, by default
+    socket_path = data["address"][len("ipc://"):]
+    assert stat.S_ISSOCK(os.stat(socket_path).st_mode)
+    assert stat.S_IMODE(os.lstat(os.path.dirname(socket_path)).st_mode) == 0o700
     assert not data.get("curve_server_key")
 
 
@@ -326,9 +332,9 @@ def _private_file(path, text):
     return path
 
 
-def _make_keys(folder, cli=False):
+def _make_keys(folder, cli=False, name="worker"):
     if not cli:
-        return make_curve_keys(folder)
+        return make_curve_keys(folder, name)
     run = subprocess.run([*CLI, "keys", str(folder)], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
     assert str(folder / "worker.key_secret") in run.stdout
@@ -342,10 +348,11 @@ def test_binding_beyond_loopback_without_keys_is_refused(host):
     assert "sklearn-gpu-bridge keys DIR" in str(refused.value)
 
 
-@pytest.mark.parametrize("host", ["127.0.0.1", "127.3.4.5", "::1", "localhost"])
+@pytest.mark.parametrize("host", ["ipc", "127.0.0.1", "127.3.4.5", "::1", "localhost"])
 def test_loopback_needs_no_keys(host):
-    key, curve = check_settings(bind=host)
+    key, curve, allowed = check_settings(bind=host)
     assert re.fullmatch(r"[0-9a-f]{64}", key) and curve is None
+    assert allowed == {derived_client_pair(bytes.fromhex(key))[0]}  # only a holder of the key
 
 
 def test_worker_command_beyond_loopback_without_keys_exits_and_says_how_to_make_them(tmp_path):
@@ -443,23 +450,32 @@ def _server_mechanism(address):
     return received[12:32].rstrip(b"\x00").decode()
 
 
-def test_loopback_worker_speaks_plain_zmtp_signed_by_hmac(worker):
-    assert _server_mechanism(worker.info.address) == "NULL"
+def test_a_worker_listens_on_a_private_socket_by_default_and_behind_plain_on_loopback_tcp(worker, tmp_path):
+    """ipc: only this user can connect; TCP on loopback: ZeroMQ's PLAIN, the password derived from the key."""
+    assert worker.info.address.startswith("ipc://")
+    process = WorkerProcess(tmp_path, bind="127.0.0.1")
+    try:
+        assert process.info.address.startswith("tcp://127.0.0.1:")
+        assert _server_mechanism(process.info.address) == "PLAIN"
+    finally:
+        process.stop()
 
 
 @pytest.fixture(scope="module")
 def curve_worker(tmp_path_factory):
+    """A worker beyond loopback: CurveZMQ, and besides the key's own client key, one made by `keys`."""
     tmp_path = tmp_path_factory.mktemp("curve")
     public_file, secret_file = _make_keys(tmp_path / "keys")
-    process = WorkerProcess(tmp_path, bind="0.0.0.0", curve_secret_key=secret_file)
-    yield process, zmq.auth.load_certificate(public_file)[0].decode()
+    _, client_secret = _make_keys(tmp_path / "allowed", name="laptop")
+    process = WorkerProcess(tmp_path, bind="0.0.0.0", curve_secret_key=secret_file, curve_allow=tmp_path / "allowed")
+    yield process, zmq.auth.load_certificate(public_file)[0].decode(), client_secret
     sklearn_gpu_bridge.reset_connection()
     process.stop()
 
 
 def test_client_and_worker_talk_over_curve(curve_worker, worker):
     """Bound to 0.0.0.0 with the user's keys: CURVE on the wire, the public key in the file, a client that works."""
-    process, public = curve_worker
+    process, public, client_secret = curve_worker
     assert process.info.curve_server_key == public
     assert process.info.address.startswith("tcp://0.0.0.0:")
     assert _server_mechanism(process.info.address) == "CURVE"
@@ -470,38 +486,50 @@ def test_client_and_worker_talk_over_curve(curve_worker, worker):
         connection = sklearn_gpu_bridge.get_connection()
         assert connection.info.curve_server_key == public
         assert connection.status()["refused"] == {}
+        sklearn_gpu_bridge.reset_connection()
+        with sklearn_gpu_bridge.config_context(curve_secret_key=str(client_secret)):  # a key on --curve-allow
+            assert_same(GPUStandardScaler().fit_transform(X), StandardScaler().fit_transform(X))
     finally:
+        sklearn_gpu_bridge.reset_connection()
         use_worker(worker)
 
 
-def test_curve_worker_answers_nothing_without_curve_or_with_the_wrong_server_key(curve_worker):
-    process, public = curve_worker
-    plain = RawClient(process)  # the right HMAC key, but no CURVE
+def _curve_peer(process, server_key, client_pair=None):
+    """A DEALER that speaks CurveZMQ with the given keys and sends a correctly signed ping."""
+    context = zmq.Context()
+    sock = context.socket(zmq.DEALER)
+    sock.linger = 0
+    if server_key is not None:
+        sock.curve_serverkey = server_key
+        sock.curve_publickey, sock.curve_secretkey = client_pair or zmq.curve_keypair()
+    sock.connect(process.info.address)
+    session = Session(process.info.key_bytes, peer=process.info.worker_id)
+    sock.send_multipart(session.pack({"op": "ping", "id": new_id(), "client": "peer-" + new_id()}))
+    answered = bool(sock.poll(NO_REPLY_MS))
+    sock.close(linger=0)
+    context.term()
+    return answered
+
+
+def test_curve_lets_in_only_allowed_client_keys(curve_worker):
+    """Knowing the server's public key (it is in a file anyone may read) is not enough: the client key must be allowed.
+
+    Every peer below signs with the right HMAC key, so what refuses them is the handshake, before any message.
+    """
+    process, public, client_secret = curve_worker
+    before = _status_of_curve(process)["refused"].get("handshake", 0)
+    assert not _curve_peer(process, None)  # no CURVE at all
+    assert not _curve_peer(process, zmq.curve_keypair()[0])  # someone else's server
+    assert not _curve_peer(process, public.encode())  # the right server, an unknown client key
+    refused = _status_of_curve(process)["refused"].get("handshake", 0) - before
+    assert refused >= 1  # the unknown client key is counted (ZAP); the others fail the handshake sooner
+    assert _curve_peer(process, public.encode(), derived_client_pair(process.info.key_bytes))
+    assert _curve_peer(process, public.encode(), zmq.auth.load_certificate(client_secret))
+
+
+def _status_of_curve(process):
+    connection = Connection(process.info, pool="off", array_cache="off")
     try:
-        plain.send(plain.frames("ping"))
-        assert plain.receive(NO_REPLY_MS) is None
+        return connection.status()
     finally:
-        plain.close()
-    wrong = zmq.Context()
-    try:
-        sock = wrong.socket(zmq.DEALER)
-        sock.linger = 0
-        sock.curve_serverkey = zmq.curve_keypair()[0]  # someone else's server
-        sock.curve_publickey, sock.curve_secretkey = zmq.curve_keypair()
-        sock.connect(process.info.address)
-        sock.send_multipart(Session(process.info.key_bytes).pack({"op": "ping", "id": new_id(), "client": "x"}))
-        assert not sock.poll(NO_REPLY_MS)
-        sock.close(linger=0)
-    finally:
-        wrong.term()
-    right = RawClient(process)
-    right.socket.close(linger=0)
-    right.socket = right.context.socket(zmq.DEALER)
-    right.socket.linger = 0
-    right.socket.curve_serverkey = public.encode()
-    right.socket.curve_publickey, right.socket.curve_secretkey = zmq.curve_keypair()
-    right.socket.connect(process.info.address)
-    try:
-        assert right.request(right.header("ping"))[0]["op"] == "reply"
-    finally:
-        right.close()
+        connection.close()

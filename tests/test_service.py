@@ -81,7 +81,7 @@ def test_start_detaches_a_worker_and_leaves_the_file_where_clients_look(backgrou
     assert pid_alive(background.pid)  # outlived the `start` process
     assert os.getsid(background.pid) != os.getsid(0)  # its own session: no SIGHUP from this terminal
     log = background.log_file.read_text()
-    assert "starting: " in log and "-m sklearn_gpu_bridge.worker" in log and "worker ready on tcp://127.0.0.1:" in log
+    assert "starting: " in log and "-m sklearn_gpu_bridge.worker" in log and "worker ready on ipc://" in log
     assert stat.S_IMODE(background.log_file.stat().st_mode) == 0o600
 
 
@@ -105,7 +105,7 @@ def test_a_client_uses_the_background_worker_by_default(background):
     assert run.returncode == 0, run.stderr
     report = json.loads(run.stdout.strip().splitlines()[-1])
     assert report["pid"] == background.pid  # no local worker of its own
-    assert report["stats"].get("sent_pool")  # same host: arrays through /dev/shm
+    assert report["stats"].get("sent_pool")  # same host: arrays through shared memory
 
 
 def test_status_shows_what_the_worker_says_and_where_its_log_is(background):
@@ -114,13 +114,13 @@ def test_status_shows_what_the_worker_says_and_where_its_log_is(background):
     out = run.stdout
     for expected in (f"running, pid {background.pid}, up ", "backend     sklearn", "scikit-learn ",
                      "sklearn-gpu-bridge 0.1.0", "handles     ", "GPU         none reported",
-                     "transport   pool in /dev/shm", f"log file    {background.log_file}",
+                     "transport   pool in shared memory (sealed memfd)", f"log file    {background.log_file}",
                      f"connection  {background.connection_file}"):
         assert expected in out, out
     as_json = service.status(connection_file=background.connection_file)
     assert as_json["running"] and as_json["backend"] == "sklearn" and as_json["uptime"] > 0
     assert as_json["versions"]["scikit-learn"] and as_json["log_file"] == str(background.log_file)
-    assert as_json["transport"] == {"path": "pool", "pool_directory": "/dev/shm"}
+    assert as_json["transport"] == {"path": "pool", "pool_directory": None, "kind": "memfd"}
     assert as_json["requests"]["fit"] >= 1 and as_json["handles"] == 0  # the client above released its handle
 
 
@@ -149,9 +149,9 @@ def test_doctor_checks_each_link_and_measures_each_path(background):
     out = run.stdout
     for expected in ("[-   ] WSL: not used here", "[ok  ] worker Python:", "[ok  ] sklearn-gpu-bridge (worker): 0.1.0",
                      "[ok  ] connection file:", "[ok  ] worker reachable:", "[ok  ] key accepted:",
-                     "[ok  ] protocol: protocol 1", "[warn] backend: sklearn",
-                     "[ok  ] transport frames (ZeroMQ over TCP): round trip 1 MB",
-                     "[ok  ] transport pool default (/dev/shm): round trip 1 MB", "[ok  ] transport chosen:",
+                     "[ok  ] protocol: protocol 2", "[warn] backend: sklearn",
+                     "[ok  ] transport frames (ZeroMQ messages): round trip 1 MB",
+                     "[ok  ] transport pool default (shared memory): round trip 1 MB", "[ok  ] transport chosen:",
                      "all checks passed"):
         assert expected in out, out
     assert "fix: " in out  # the CPU backend's warning says how to get cuML

@@ -93,12 +93,13 @@ def test_choose_prefers_frames_unless_a_pool_is_clearly_faster():
 
 def test_measure_against_a_real_worker_checks_every_byte(worker, tmp_path):
     info = read_connection_file(worker.connection_file)
-    candidates = [("frames", None), ("default", default_directory()), ("unseen", str(tmp_path))]
+    candidates = [("frames", None), ("default", None), ("folder", default_directory()), ("unseen", str(tmp_path))]
     results = measure(info, worker.connection_file, candidates, quick=True)
     by_name = {r["name"]: r for r in results}
     assert by_name["frames"]["coherent"] and by_name["frames"]["path"] == "frame"
     assert by_name["default"]["coherent"] and by_name["default"]["path"] == "pool"
+    assert by_name["folder"]["coherent"] and by_name["folder"]["path"] == "pool"
     assert by_name["frames"]["mb_per_s"] > 0 and by_name["frames"]["latency_ms"] > 0
     assert not by_name["unseen"]["available"] and "--pool-dir" in by_name["unseen"]["why"]
-    assert transport_choice.choose(results)["name"] in ("frames", "default")
+    assert transport_choice.choose(results)["name"] in ("frames", "default", "folder")
     assert np.isfinite(by_name["default"]["mb_per_s"])

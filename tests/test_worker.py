@@ -112,7 +112,8 @@ def test_stale_connection_file_is_refused_without_waiting_for_the_hello_timeout(
         port = probe.getsockname()[1]
     path = tmp_path / "stale.json"
     write_connection_file(path, ConnectionInfo(address=f"tcp://127.0.0.1:{port}", key=new_key(),
-                                               protocol_version=PROTOCOL_VERSION, pid=1, backend="cuml"))
+                                               protocol_version=PROTOCOL_VERSION, pid=1, backend="cuml",
+                                               worker_id="0" * 24))
     sklearn_gpu_bridge.reset_connection()
     with sklearn_gpu_bridge.config_context(connection_file=str(path), start_local_worker=False):
         with pytest.raises(WorkerUnavailable, match="nothing listens there") as raised:

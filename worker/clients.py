@@ -1,14 +1,18 @@
 """The worker's clients: who they are, what each holds, and freeing what a gone client left.
 
 A client is one connection of one process (its random id). It may hold
-handles (fitted estimators), arrays the worker keeps for it, and a mapping of
-its shared-memory pool. Once a second the worker frees what a client left
-behind when that client is gone: a client on this host proves its pid at
-hello (the pool file it names is mapped in that process), so its death is
-seen at once; any other client is freed after ``client_timeout`` seconds
-without a message (the client pings while it is idle, to stay).
+handles (fitted estimators), arrays the worker keeps for it, queued work, and
+an attachment of its shared-memory pool. A pool is attached only once the
+client proved it is its own: at hello the worker writes a random nonce into
+the pool's handshake area, and only a process that maps the pool can read it
+back (op ``attach``). That also proves the client's pid (the pool is open in
+that process), so its death is seen at once. Once a second the worker frees
+what a gone client left behind: a watched client when its process is gone,
+any other after ``client_timeout`` seconds without a message (the client
+pings while it is idle, to stay).
 """
 
+import hmac
 import logging
 import os
 import threading
@@ -21,6 +25,7 @@ from sklearn_gpu_bridge.host import process_start
 from sklearn_gpu_bridge.shm import PoolAttachment, PoolError
 
 log = logging.getLogger("sklearn_gpu_bridge.worker")
+CHALLENGE_SECONDS = 30.0  # a pool challenge not answered by then is dropped
 
 
 @dataclass
@@ -31,25 +36,18 @@ class ClientState:
     pid: int | None = None
     started: bytes | None = None  # the pid's start time, once the client proved its pid
     pool: str | None = None  # the name of the pool it attached
+    challenge: tuple | None = None  # (attachment, nonce, pid, when) between hello and attach
     inflight: int = 0  # work requests submitted and not yet answered
     freed: bool = False  # its handles were freed (again later for results of requests then in flight)
-
-
-def maps_file(pid, name):
-    """Whether process ``pid`` has a file whose name contains ``name`` mapped (Linux)."""
-    try:
-        with open(f"/proc/{pid}/maps", "rb") as f:
-            return name.encode() in f.read()
-    except OSError:
-        return False
 
 
 class Clients:
     """client id -> ClientState, and the pools they attached; safe from the loop and executor threads."""
 
-    def __init__(self, handles, array_cache, pool_dirs, client_timeout):
+    def __init__(self, handles, array_cache, pool_dirs, client_timeout, on_free=None):
         self.handles = handles
         self.array_cache = array_cache
+        self.on_free = on_free  # called with a client id when it is freed (its queued work is dropped)
         self.pool_dirs = pool_dirs  # where clients' pool files may be found (never a folder a request names)
         self.client_timeout = client_timeout
         self.pools = {}  # pool name -> PoolAttachment
@@ -86,41 +84,46 @@ class Clients:
 
     # ------------------------------------------------------------ pools
 
-    def attach_pool(self, client, pool, pid):
-        """(attached, watched): map the client's pool if this host sees it; prove its pid if it can.
+    def challenge(self, client, described, pid):
+        """The handshake slot of the client's pool that now holds a nonce, or None if no pool is found.
 
-        The client names its pool, never a path: the worker looks for that name
-        in its own pool folders (``--pool-dir``) only. The probe bytes it wrote
-        prove that the pool found is the one it means; a process that maps the
-        pool's first file is the client's own, so its pid is watched.
+        The pool is looked for where the client says it is (a memfd of its pid,
+        or a file in the worker's own pool folders: never a path a request
+        names); it is attached only when :meth:`attach` gets the nonce back.
         """
-        name, probe = pool.get("name"), pool.get("probe")
-        if not isinstance(name, str) or not isinstance(probe, dict):
+        try:
+            attachment = PoolAttachment(described, self.pool_dirs)
+            slot, nonce = attachment.challenge()
+        except PoolError as exc:
+            log.info("client %s: %s; arrays go as frames", client, exc)
+            return None
+        with self._lock:
+            self._states[client].challenge = (attachment, nonce, pid, time.monotonic())
+        return slot
+
+    def attach(self, client, nonce):
+        """(attached, watched): attach the pool whose nonce ``client`` read back; watch its pid if proven."""
+        with self._lock:
+            state = self._states.get(client)
+            pending, state.challenge = (state.challenge, None) if state is not None else (None, None)
+        if pending is None:
+            raise ProtocolError("attach: no pool challenge is pending for this client")
+        attachment, expected, pid, _ = pending
+        if not isinstance(nonce, bytes) or not hmac.compare_digest(nonce, expected):
+            attachment.close()
+            log.warning("client %s: wrong pool nonce (a pool that is not its own?); arrays go as frames", client)
             return False, False
-        attachment = self.pools.get(name)
-        candidates = [attachment] if attachment else []
-        for directory in self.pool_dirs:
-            try:
-                candidates.append(PoolAttachment(directory, name))
-            except PoolError as exc:
-                log.info("client %s: %s", client, exc)
-                return False, False
-        for candidate in candidates:
-            try:
-                found = bytes(candidate.buffer(probe.get("segment"), probe.get("offset"), 16))
-            except (PoolError, AttributeError, TypeError):
-                continue
-            if found == pool.get("probe_bytes"):
-                self.pools.setdefault(candidate.name, candidate)
-                with self._lock:
-                    state = self._states[client]
-                    state.pool = candidate.name
-                    started = process_start(pid)
-                    if started is not None and maps_file(pid, f"{name}-0"):
-                        state.pid, state.started = pid, started
-                    return True, state.started is not None
-        log.info("client %s: pool %r is not in %s; arrays go as frames", client, name, self.pool_dirs)
-        return False, False
+        started = process_start(pid)
+        proven = attachment.kind == "memfd" and attachment.pid == pid or attachment.maps_handshake(pid)
+        with self._lock:
+            old = self.pools.get(attachment.name)
+            self.pools[attachment.name] = attachment
+            state.pool = attachment.name
+            if started is not None and proven:
+                state.pid, state.started = pid, started
+        if old is not None:
+            old.close()
+        return True, state.started is not None
 
     def attachment(self, client, name):
         """The pool a request names, which must be the one its client attached (None: no pool)."""
@@ -147,14 +150,22 @@ class Clients:
                     self.free(client, state, "gone", f"its process {state.pid} is gone")
             elif not owners.get(client) and state.pool is None and not (
                     self.array_cache is not None and self.array_cache.holds_arrays_of(client)):
-                with self._lock:  # holds nothing: forget it
-                    if state.inflight == 0:
+                with self._lock:  # holds nothing (a challenge it never answered, at most): forget it
+                    pending = state.challenge
+                    if state.inflight == 0 and (pending is None or now - pending[3] > CHALLENGE_SECONDS):
                         self._states.pop(client, None)
+                        state.challenge = None
+                    else:
+                        pending = None
+                if pending is not None:
+                    pending[0].close()
             elif self.client_timeout and state.inflight == 0 and now - state.last_seen > self.client_timeout:
                 self.free(client, state, "idle", f"no message for {now - state.last_seen:.0f} s")
 
     def free(self, client, state, reason, why):
         """Release the client's handles, arrays and pool; returns how many handles."""
+        if self.on_free is not None:
+            self.on_free(client)
         released = self.handles.release_client(client)
         cached = self.array_cache.drop_client(client) if self.array_cache is not None else 0
         name, state.pool = state.pool, None
@@ -170,15 +181,15 @@ class Clients:
         return released
 
     def _detach(self, name, remove_files=False):
-        """Unmap a pool no client uses any more; remove its files if its owner is dead."""
+        """Forget a pool no client uses any more; remove its files (file pools) if its owner is dead."""
         with self._lock:
             if any(state.pool == name for state in self._states.values()):
                 return 0
-        attachment = self.pools.pop(name, None)
+            attachment = self.pools.pop(name, None)
         if attachment is None:
             return 0
         attachment.close()
-        if not remove_files:
+        if not remove_files or attachment.directory is None:
             return 0
         removed = 0
         try:

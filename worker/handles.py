@@ -1,11 +1,12 @@
 """Handles: the worker's table of live estimators, each owned by one client.
 
-A handle is an int that starts with 31 random bits of this table, so a
-handle that a client kept from an earlier worker is not found here (never
-mistaken for another estimator that happens to have the same number).
+A handle is a random 63-bit number, so it can be neither guessed nor mistaken
+for one of an earlier worker run; and it is only ever found for the client
+that made it: another client asking for it (to call, read, pull the state
+of, or release it) is told there is no such handle, exactly as if it did not
+exist.
 """
 
-import itertools
 import secrets
 import threading
 import time
@@ -27,23 +28,25 @@ class HandleTable:
     def __init__(self):
         self._entries = {}
         self._lock = threading.Lock()
-        self._ids = itertools.count((secrets.randbits(31) | 1) << 32)
 
     def add(self, estimator, name, client):
         with self._lock:
-            handle = next(self._ids)
+            handle = secrets.randbits(63)
+            while handle in self._entries:
+                handle = secrets.randbits(63)
             self._entries[handle] = Entry(estimator, name, client)
             return handle
 
-    def get(self, handle):
+    def get(self, handle, client):
+        """The entry of ``handle`` if ``client`` owns it; KeyError otherwise (the same for both cases)."""
         if type(handle) is not int:
             raise TypeError(f"a handle is an int, not {type(handle).__name__}")
         with self._lock:
             entry = self._entries.get(handle)
-        if entry is None:
+        if entry is None or entry.client != client:
             shown = handle if abs(handle) < 2**64 else "(a huge number)"
-            raise KeyError(f"no estimator with handle {shown} on this worker (released, evicted, "
-                           "or made by another worker)")
+            raise KeyError(f"this client has no estimator with handle {shown} on this worker (released, "
+                           "evicted, or made by another worker)")
         entry.last_used = time.monotonic()
         return entry
 

@@ -1,15 +1,21 @@
 """The worker: a ZeroMQ ROUTER loop in front of a backend.
 
 The main thread owns the sockets. It answers quick operations (hello, ping,
-status, release, goodbye, shutdown) itself, and hands estimator work (fit,
-call, get_state, set_state) to an executor thread, whose reply comes back
-through an inproc socket. So the worker still answers ``ping`` while a long
-fit runs: that is how a client tells "busy" from "dead". Which op is which
-is the protocol's catalogue (:data:`sklearn_gpu_bridge.protocol.OPS`); each
-has a method ``_op_<name>`` here.
+status, release, goodbye, shutdown, attach) itself, and hands estimator work
+(fit, call, get_state, set_state) to executor threads, one client's request
+after another's (:mod:`.scheduler`), whose replies come back through an
+inproc socket. So the worker still answers ``ping`` while a long fit runs:
+that is how a client tells "busy" from "dead". Which op is which is the
+protocol's catalogue (:data:`sklearn_gpu_bridge.protocol.OPS`); each has a
+method ``_op_<name>`` here.
 
-A message that fails its signature, or is malformed in any way, is dropped
-and counted; it never reaches pickle and never stops the loop.
+What reaches the loop at all is decided first: a peer without the
+credentials of the address (:mod:`sklearn_gpu_bridge.keys`) is refused
+during ZeroMQ's handshake (:mod:`.gatekeeper`); a frame longer than
+``max_frame_mb`` closes the connection; a message of too many frames is
+dropped as it is read. A message that fails its signature, or is malformed in
+any way, is dropped and counted; it never reaches pickle and never stops the
+loop.
 """
 
 import cProfile
@@ -24,7 +30,7 @@ import threading
 import time
 import warnings
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import cloudpickle
 import numpy as np
@@ -35,8 +41,8 @@ from sklearn_gpu_bridge.catalogue import FIT_METHODS, lookup
 from sklearn_gpu_bridge.config import WORKER_DEFAULTS
 from sklearn_gpu_bridge.connect import ConnectionInfo, new_key, read_key_file, signing_key, write_connection_file
 from sklearn_gpu_bridge.errors import ConfigurationError, ProtocolError, VersionMismatch, describe
-from sklearn_gpu_bridge.host import pid_alive
-from sklearn_gpu_bridge.keys import bind_hint, load_secret
+from sklearn_gpu_bridge.host import pid_alive, socket_path
+from sklearn_gpu_bridge.keys import bind_hint, derived_client_pair, load_public, load_secret, plain_password
 from sklearn_gpu_bridge.protocol import (
     PROTOCOL_VERSION,
     QUICK_OPS,
@@ -48,11 +54,14 @@ from sklearn_gpu_bridge.protocol import (
     new_id,
     to_plain,
 )
+from sklearn_gpu_bridge.protocol.session import StaleMessage
 from sklearn_gpu_bridge.shm import default_directory
 
 from .cache import ArrayCache
 from .clients import Clients
+from .gatekeeper import DOMAIN, Gatekeeper
 from .handles import HandleTable
+from .scheduler import FairQueue
 
 log = logging.getLogger("sklearn_gpu_bridge.worker")
 
@@ -60,6 +69,9 @@ log = logging.getLogger("sklearn_gpu_bridge.worker")
 FITTED_ATTRIBUTE = re.compile(r"^[a-z][a-z0-9_]*_$")
 ALIGN = 64
 SWEEP_SECONDS = 1.0
+MAX_FRAMES = 1024  # frames in one message: a longer one is dropped as it is read
+HWM = 16  # messages queued per peer socket, each way (an honest client has one request in flight per socket)
+HANDSHAKE_SECONDS = 5  # a connection that has not authenticated by then is closed
 #: a file name: the work of every request is profiled and the stats written there at exit (diagnosis)
 PROFILE_ENV = "SKLEARN_GPU_BRIDGE_WORKER_PROFILE"
 
@@ -82,8 +94,9 @@ def rss_bytes():
         return None
 
 
-def check_settings(*, bind=WORKER_DEFAULTS["bind"], key=None, key_file=None, curve_secret_key=None):
-    """(hex key, CurveZMQ keys or None), or ConfigurationError saying what to change.
+def check_settings(*, bind=WORKER_DEFAULTS["bind"], key=None, key_file=None, curve_secret_key=None,
+                   curve_allow=None):
+    """(hex key, CurveZMQ keys or None, allowed client keys), or ConfigurationError saying what to change.
 
     Called before the backend warms up, so that a refusal comes at once.
     """
@@ -91,9 +104,27 @@ def check_settings(*, bind=WORKER_DEFAULTS["bind"], key=None, key_file=None, cur
         key = read_key_file(key_file)
     key = new_key() if key is None else signing_key(key, "the --key-file").hex()
     curve = load_secret(curve_secret_key) if curve_secret_key else None
-    if curve is None and not is_loopback(bind):
+    if curve is None and bind != "ipc" and not is_loopback(bind):
         raise ConfigurationError(bind_hint(bind))
-    return key, curve
+    allowed = {derived_client_pair(bytes.fromhex(key))[0]}
+    if curve_allow is not None:
+        folder = Path(curve_allow)
+        if not folder.is_dir():
+            raise ConfigurationError(f"--curve-allow {folder}: not a folder of public keys")
+        allowed |= {load_public(path) for path in sorted(folder.glob("*.key"))}
+    return key, curve, allowed
+
+
+def raise_file_limit():
+    """Open files up to the hard limit: connections are files, and a flood of them must not starve honest ones."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard == resource.RLIM_INFINITY or hard > soft:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 1 << 20, hard))
+    except (ImportError, ValueError, OSError):
+        log.debug("could not raise the open-file limit", exc_info=True)
 
 
 class Worker:
@@ -102,11 +133,11 @@ class Worker:
     def __init__(self, backend, *, connection_file=None, parent_pid=None, fallback_reason=None, key=None,
                  bind=WORKER_DEFAULTS["bind"], port=WORKER_DEFAULTS["port"], threads=WORKER_DEFAULTS["threads"],
                  pool_dirs=WORKER_DEFAULTS["pool_dirs"], key_file=WORKER_DEFAULTS["key_file"],
-                 curve_secret_key=WORKER_DEFAULTS["curve_secret_key"],
-                 client_timeout=WORKER_DEFAULTS["client_timeout"],
-                 array_cache_mb=WORKER_DEFAULTS["array_cache_mb"]):
-        self.key, self.curve = check_settings(bind=bind, key=key, key_file=key_file,
-                                              curve_secret_key=curve_secret_key)
+                 curve_secret_key=WORKER_DEFAULTS["curve_secret_key"], curve_allow=WORKER_DEFAULTS["curve_allow"],
+                 client_timeout=WORKER_DEFAULTS["client_timeout"], max_queued=WORKER_DEFAULTS["max_queued"],
+                 max_frame_mb=WORKER_DEFAULTS["max_frame_mb"], array_cache_mb=WORKER_DEFAULTS["array_cache_mb"]):
+        self.key, self.curve, self.curve_allowed = check_settings(
+            bind=bind, key=key, key_file=key_file, curve_secret_key=curve_secret_key, curve_allow=curve_allow)
         self.backend = backend
         self.versions = {"sklearn-gpu-bridge": __version__, **backend.versions()}  # asked once
         self.fallback_reason = fallback_reason
@@ -114,21 +145,25 @@ class Worker:
         self.connection_file = connection_file
         self.parent_pid = parent_pid
         self.worker_id = new_id()
-        self.session = Session(bytes.fromhex(self.key))
+        self.session = Session(bytes.fromhex(self.key), me=self.worker_id)
+        self.max_frame_bytes = int(max_frame_mb * (1 << 20))
         self.handles = HandleTable()
         cache_bytes = int(array_cache_mb * (1 << 20))
         self.array_cache = ArrayCache(cache_bytes) if cache_bytes > 0 else None
+        self.queue = FairQueue(self._work, threads=threads, max_queued=max_queued)
         pool_dirs = list(dict.fromkeys([*pool_dirs, default_directory(), tempfile.gettempdir()]))
-        self.clients = Clients(self.handles, self.array_cache, pool_dirs, float(client_timeout or 0))
+        self.clients = Clients(self.handles, self.array_cache, pool_dirs, float(client_timeout or 0),
+                               on_free=self._cancel)
         self.counts = Counter()
+        self.refused = Counter()  # messages dropped before their signature: too many frames
         self._dropped_logged_at, self._dropped_unlogged = -1e9, 0
         self.started = time.time()
-        self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="sgb-work")
         self._profile = [] if os.environ.get(PROFILE_ENV) else None
         self._profile_lock = threading.Lock()
         self._local = threading.local()
         self._stopping = threading.Event()
         self.context = zmq.Context()
+        self.gatekeeper = None
         self.address = None
         self.curve_public = None
 
@@ -137,31 +172,50 @@ class Worker:
     def start(self):
         """Warm up, bind, and write the connection file (which means: ready)."""
         self.backend.warm_up()
+        raise_file_limit()
         self.router = self.context.socket(zmq.ROUTER)
         self.router.linger = 0
+        self.router.maxmsgsize = self.max_frame_bytes
+        self.router.sndhwm = self.router.rcvhwm = HWM
+        self.router.handshake_ivl = HANDSHAKE_SECONDS * 1000
+        self._bind()
+        self.results = self.context.socket(zmq.PULL)
+        self.results.bind(f"inproc://results-{self.worker_id}")
+        self.info = ConnectionInfo(
+            address=self.address, key=self.key, protocol_version=PROTOCOL_VERSION, pid=os.getpid(),
+            backend=self.backend.name, worker_id=self.worker_id, curve_server_key=self.curve_public,
+        )
+        if self.connection_file:
+            write_connection_file(self.connection_file, self.info)
+        log.info("worker ready on %s (backend %s, pid %d)", self.address, self.backend.name, os.getpid())
+        return self
+
+    def _bind(self):
+        """ipc in this user's private folder; TCP behind PLAIN (loopback) or CurveZMQ with an allow-list."""
+        if self.host == "ipc":
+            self.socket_path = socket_path(f"worker-{self.worker_id[:16]}.sock")
+            self.address = f"ipc://{self.socket_path}"
+            self.router.bind(self.address)
+            return
+        self.socket_path = None
+        self.gatekeeper = Gatekeeper(self.context, password=plain_password(bytes.fromhex(self.key)),
+                                     curve_keys=self.curve_allowed if self.curve is not None else ()).start()
         if self.curve is not None:
             public, secret = self.curve
             self.router.curve_server = True
             self.router.curve_publickey = public
             self.router.curve_secretkey = secret
             self.curve_public = public.decode()
-            log.info("binding %s: CurveZMQ encryption is on", self.host)
+            log.info("binding %s: CurveZMQ encryption, %d client key(s) allowed", self.host, len(self.curve_allowed))
+        else:
+            self.router.plain_server = True
+        self.router.zap_domain = DOMAIN.encode()
         host = f"[{self.host}]" if ":" in self.host else self.host
         if self.port:
             self.router.bind(f"tcp://{host}:{self.port}")
         else:
             self.port = self.router.bind_to_random_port(f"tcp://{host}")
         self.address = f"tcp://{host}:{self.port}"
-        self.results = self.context.socket(zmq.PULL)
-        self.results.bind(f"inproc://results-{self.worker_id}")
-        self.info = ConnectionInfo(
-            address=self.address, key=self.key, protocol_version=PROTOCOL_VERSION,
-            pid=os.getpid(), backend=self.backend.name, curve_server_key=self.curve_public,
-        )
-        if self.connection_file:
-            write_connection_file(self.connection_file, self.info)
-        log.info("worker ready on %s (backend %s, pid %d)", self.address, self.backend.name, os.getpid())
-        return self
 
     def serve_forever(self):
         """Serve until SIGINT/SIGTERM, a shutdown request, or the parent's death."""
@@ -194,16 +248,16 @@ class Worker:
 
     def close(self):
         self._stopping.set()
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        self.queue.close()
+        if self.gatekeeper is not None:
+            self.gatekeeper.stop()
         if self._profile:
             with self._profile_lock:
                 pstats.Stats(*self._profile).dump_stats(os.environ[PROFILE_ENV])
         self.clients.close()
-        if self.connection_file:
-            try:
-                os.unlink(self.connection_file)
-            except FileNotFoundError:
-                pass
+        for path in (self.connection_file, getattr(self, "socket_path", None)):
+            if path:
+                Path(path).unlink(missing_ok=True)
         self.context.destroy(linger=0)
         log.info("worker stopped")
 
@@ -217,12 +271,31 @@ class Worker:
                 return
             self.router.send_multipart(frames, copy=False)
 
+    def _read_message(self):
+        """The next message's frames, read one by one; None when it has too many (the rest is dropped unread)."""
+        frames = [self.router.recv(copy=False)]
+        while frames[-1].more:
+            if len(frames) > MAX_FRAMES:
+                while self.router.getsockopt(zmq.RCVMORE):
+                    self.router.recv(copy=False)
+                self.refused["too_many_frames"] += 1
+                return None
+            frames.append(self.router.recv(copy=False))
+        return frames
+
     def _receive(self):
-        frames = self.router.recv_multipart(copy=False)
+        frames = self._read_message()
         arrived = time.monotonic()
+        if frames is None:
+            self._log_dropped(ProtocolError(f"a message of more than {MAX_FRAMES} frames"))
+            return
         identity, frames = frames[0], frames[1:]
         try:
-            header, buffers = self.session.unpack(frames)
+            header, buffers = self.session.unpack(frames, check_buffers=False)  # digests: on the work thread
+        except StaleMessage as exc:  # signed, but not for now: say why (clocks that differ are a setup error)
+            self._log_dropped(exc)
+            self._reply(identity, self._error_reply({}, exc))
+            return
         except ProtocolError as exc:
             self._log_dropped(exc)
             return
@@ -235,12 +308,29 @@ class Worker:
             self._reply(identity, self._error_reply(header, ProtocolError(f"a {op!r} request must name its client")))
         elif op in WORK_OPS:
             state = self.clients.seen(client, working=True)
-            self._executor.submit(self._work, identity, header, buffers, state, arrived)
+            if not self.queue.submit(client, (identity, header, buffers, state, arrived)):
+                self.clients.answered(state)
+                self.refused["queue_full"] += 1
+                error = ProtocolError(f"this client already has {self.queue.max_queued} requests waiting; "
+                                      "wait for their replies")
+                self._reply(identity, self._error_reply(header, error))
         elif op in QUICK_OPS:
             self.clients.seen(client, working=False)
+            try:
+                self.session.check_buffers(header, buffers)  # quick ops carry none: nothing to hash
+            except ProtocolError as exc:
+                self._log_dropped(exc)
+                return
             self._reply(identity, self._handle(header, buffers))
         else:
             self._reply(identity, self._error_reply(header, ProtocolError(f"unknown operation {op!r}")))
+
+    def _cancel(self, client):
+        """Drop the work a freed client still has waiting: it never runs, and its replies would reach no one."""
+        dropped = self.queue.cancel(client)
+        for _, _, _, state, _ in dropped:
+            self.clients.answered(state)
+        self.counts["cancelled"] += len(dropped)
 
     def _reply(self, identity, frames):
         self.router.send_multipart([identity, *frames], copy=False)
@@ -254,7 +344,14 @@ class Worker:
             log.warning("dropped a message: %s%s", exc, f" (and {more} more since the last report)" if more else "")
             self._dropped_logged_at, self._dropped_unlogged = now, 0
 
-    def _work(self, identity, header, buffers, state, received):
+    def _work(self, item):
+        identity, header, buffers, state, received = item
+        try:
+            self.session.check_buffers(header, buffers)
+        except ProtocolError as exc:  # a frame that is not what was signed: dropped, like a bad signature
+            self.clients.answered(state)
+            self._log_dropped(exc)
+            return
         try:
             if self._profile is None:
                 frames = self._handle(header, buffers, received)
@@ -347,19 +444,27 @@ class Worker:
                 "install the same sklearn-gpu-bridge version on both sides"
             )
         pool, client = header.get("pool"), header.get("client")
-        attached = watched = False
+        slot = None
         if isinstance(pool, dict) and client is not None:
-            attached, watched = self.clients.attach_pool(client, pool, header.get("pid"))
+            slot = self.clients.challenge(client, pool, header.get("pid"))
         capabilities = Capabilities(
             protocol_version=PROTOCOL_VERSION, worker_id=self.worker_id, backend=self.backend.name,
-            fallback_reason=self.fallback_reason, float_dtype=self.backend.float_dtype, pool=attached,
-            versions=self.versions, array_cache=self.array_cache.max_bytes if self.array_cache is not None else 0,
-            client_timeout=None if watched or not self.clients.client_timeout else self.clients.client_timeout,
+            fallback_reason=self.fallback_reason, float_dtype=self.backend.float_dtype, pool=False,
+            pool_challenge=slot, max_frame_bytes=self.max_frame_bytes, versions=self.versions,
+            array_cache=self.array_cache.max_bytes if self.array_cache is not None else 0,
+            client_timeout=self._client_timeout(watched=False),
         )
         return capabilities.to_reply(), []
 
+    def _client_timeout(self, watched):
+        return None if watched or not self.clients.client_timeout else self.clients.client_timeout
+
+    def _op_attach(self, header, buffers):
+        attached, watched = self.clients.attach(header.get("client"), header.get("nonce"))
+        return {"pool": attached, "client_timeout": self._client_timeout(watched)}, []
+
     def _op_ping(self, header, buffers):
-        return {"busy": self._executor._work_queue.qsize()}, []
+        return {"busy": self.queue.waiting()}, []
 
     def _op_status(self, header, buffers):
         cache = self.array_cache
@@ -367,7 +472,9 @@ class Worker:
             "backend": self.backend.name, "pid": os.getpid(), "address": self.address,
             "uptime": time.time() - self.started, "handles": len(self.handles),
             "pools": len(self.clients.pools), "clients": len(self.clients), "requests": dict(self.counts),
-            "refused": dict(self.session.refused), "swept": dict(self.clients.swept), "rss": rss_bytes(),
+            "refused": dict(self.session.refused + self.refused
+                            + (self.gatekeeper.refused if self.gatekeeper else Counter())),
+            "swept": dict(self.clients.swept), "rss": rss_bytes(), "queued": self.queue.waiting(),
             "versions": self.versions,
             "array_cache": {"entries": len(cache) if cache else 0, "bytes": cache.nbytes if cache else 0,
                             "max_bytes": cache.max_bytes if cache else 0},
@@ -393,24 +500,24 @@ class Worker:
         read_pool = None
         if attachment is not None:
             retains = header["op"] == "fit" or header.get("method") == "partial_fit"
-            if self.backend.device_resident or not retains:
-                read_pool = attachment.buffer
+            if self.backend.device_resident or not retains or attachment.kind == "file":  # files are read as copies
+                read_pool = attachment.read
             else:  # a fitted CPU estimator may keep a view of its input: never of a block the client reuses
-                read_pool = lambda s, o, n: bytearray(attachment.buffer(s, o, n))  # noqa: E731
+                read_pool = lambda s, o, n: bytearray(attachment.read(s, o, n))  # noqa: E731
         cache = None
         if self.array_cache is not None:
             cache = self.array_cache.for_client(header["client"], self._local.kept)
         return Decoder(header, buffers, read_pool=read_pool, cache=cache)
 
     def _encoder(self, header):
-        """Results go into the output block the client gave, else as frames."""
+        """(encoder, output): results go into the output block the client gave, else as frames."""
         out = header.get("out")
         attachment = self.clients.attachment(header["client"], header.get("pool"))
         if not out or attachment is None:
-            return Encoder()
+            return Encoder(), None
         segment, start, size = out.get("segment"), out.get("offset"), out.get("nbytes")
-        block = attachment.buffer(segment, start, size)  # validates the range once
-        used = 0
+        output = attachment.output(segment, start, size)  # validates the range once
+        block, used = output.memory, 0
 
         def place(nbytes):
             nonlocal used
@@ -418,9 +525,11 @@ class Worker:
                 return None
             offset = used
             used = -(-(used + nbytes) // ALIGN) * ALIGN
+            output.used = used
             return segment, start + offset, block[offset : offset + nbytes]
 
-        return Encoder(place)
+        output.used = 0
+        return Encoder(place), output
 
     def _args(self, header, buffers):
         payload = self._decoder(header, buffers).decode(header.get("payload") or {})
@@ -438,12 +547,14 @@ class Worker:
         return params
 
     def _reply_result(self, header, result, estimator, **extra):
-        encoder = self._encoder(header)
+        encoder, output = self._encoder(header)
         payload = encoder.encode({"result": None if result is estimator else result, **extra})
         try:
             payload = to_plain(payload)
         except TypeError as exc:
             raise TypeError(f"a result of type {exc} cannot be sent to the client") from None
+        if output is not None:
+            output.commit(output.used)
         return {"payload": payload, "arrays": encoder.arrays}, encoder.buffers
 
     def _op_fit(self, header, buffers):
@@ -458,7 +569,7 @@ class Worker:
         return self._reply_result(header, result, estimator, handle=handle, dropped=dropped)
 
     def _op_call(self, header, buffers):
-        entry = self.handles.get(header.get("handle"))
+        entry = self.handles.get(header.get("handle"), header["client"])
         method = header.get("method")
         if method not in lookup(entry.name).methods or not callable(getattr(entry.estimator, method, None)):
             raise AttributeError(f"{entry.name} has no method {method!r} that the bridge may call")
@@ -468,7 +579,7 @@ class Worker:
         return self._reply_result(header, result, entry.estimator)
 
     def _op_attribute(self, header, buffers):
-        entry = self.handles.get(header.get("handle"))
+        entry = self.handles.get(header.get("handle"), header["client"])
         name = header.get("name")
         if not isinstance(name, str) or not FITTED_ATTRIBUTE.match(name):
             raise AttributeError(f"{name!r} is not a public fitted attribute")
@@ -480,7 +591,7 @@ class Worker:
         return self._reply_result(header, args, None)
 
     def _op_get_state(self, header, buffers):
-        entry = self.handles.get(header.get("handle"))
+        entry = self.handles.get(header.get("handle"), header["client"])
         fmt, blob = self.backend.export_state(entry.estimator)
         return {"format": fmt, "backend": self.backend.name}, [blob]
 

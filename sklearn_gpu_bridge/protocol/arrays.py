@@ -5,7 +5,7 @@ Inside a header an array is the marker ``{"__array__": i}``, described by
 
     {"dtype": "<f8", "shape": [n, m], "order": "C" | "F", "where": W, ...}
     W = "inline": "data": bytes in the header      (small arrays)
-    W = "frame":  "index": k  -> buffers[k]         (no shared pool)
+    W = "frame":  "index": k  -> buffers[k]         (no shared pool; a list of k: chunks, in order)
     W = "pool":   "segment": s, "offset": o        (a block of the shared pool)
     W = "cached": "key": K                         (sent before; no bytes travel)
 
@@ -168,9 +168,10 @@ class Encoder:
     and ``offered`` list the ``(key, nbytes)`` sent as cached and sent to be kept.
     """
 
-    def __init__(self, place=None, inline_max=INLINE_MAX, cache=None, reuse=True):
+    def __init__(self, place=None, inline_max=INLINE_MAX, cache=None, reuse=True, max_frame=None):
         self.place = place
         self.inline_max = inline_max
+        self.max_frame = max_frame  # the receiver's largest frame: longer arrays go as several
         self.cache = cache
         self.reuse = reuse
         self.arrays = []
@@ -227,8 +228,11 @@ class Encoder:
             return self._marker({**desc, "where": "pool", "segment": segment, "offset": offset})
         if target != arr.dtype:
             arr = _cast(arr, target, order, name)
-        self.buffers.append(_raw(arr))
-        return self._marker({**desc, "where": "frame", "index": len(self.buffers) - 1})
+        raw, step = _raw(arr), self.max_frame or nbytes or 1
+        first = len(self.buffers)
+        self.buffers.extend(raw[at : at + step] for at in range(0, max(nbytes, 1), step))
+        indexes = list(range(first, len(self.buffers)))
+        return self._marker({**desc, "where": "frame", "index": indexes[0] if len(indexes) == 1 else indexes})
 
     def device_array(self, arr):
         """A CuPy array: copied from the device straight into its pool block when it has one."""
@@ -338,6 +342,19 @@ class Decoder:
             raise ProtocolError(f"buffer index {index!r} out of range")
         return self.buffers[index]
 
+    def _frames(self, index):
+        """One frame's memory (no copy), or several joined in order (one copy)."""
+        if not isinstance(index, list):
+            return frame_buffer(self._buffer_at(index))
+        if not index or len(index) > len(self.buffers):
+            raise ProtocolError("an array's frame list is empty or longer than the message")
+        parts = [frame_buffer(self._buffer_at(i)) for i in index]
+        joined = np.empty(sum(p.nbytes for p in parts), np.uint8)
+        at = 0
+        for part in parts:
+            joined[at : at + part.nbytes] = np.frombuffer(part, np.uint8)
+            at += part.nbytes
+        return memoryview(joined)
     def _array(self, index):
         if type(index) is not int or not 0 <= index < len(self.arrays):
             raise ProtocolError(f"array index {index!r} out of range")
@@ -359,7 +376,7 @@ class Decoder:
             if not isinstance(data, bytes) or len(data) != nbytes:
                 raise ProtocolError("inline array size does not match its shape")
         elif where == "frame":
-            data = frame_buffer(self._buffer_at(desc.get("index")))
+            data = self._frames(desc.get("index"))
             if data.nbytes != nbytes:
                 raise ProtocolError("frame size does not match its shape")
         elif where == "pool":

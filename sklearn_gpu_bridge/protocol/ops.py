@@ -4,8 +4,9 @@ This table is the catalogue; the worker dispatches from it (an op that is
 not here is refused) and a test fails when the worker implements an op that
 is not here. ``docs/protocol.md`` explains the rest of the wire format.
 
-Every request header carries ``op``, ``id`` (fresh, random) and ``client``
-(the sender's random id; required by work ops), and may carry ``release``:
+Every request header carries ``op``, ``id`` (fresh, random), ``client``
+(the sender's random id; required by work ops), ``to`` (the worker run it is
+for), ``time`` and ``digests`` (see :mod:`.session`), and may carry ``release``:
 handles of this client to free before the op runs (releases ride on the
 next request instead of costing a round trip of their own). Every reply
 carries ``op`` ("reply" or "error"), ``id``, ``parent`` (the request's id)
@@ -22,7 +23,7 @@ from dataclasses import asdict, dataclass, fields
 
 from ..errors import ProtocolError
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 
 #: fields of a work request that carry arrays (see protocol.arrays)
 _ARRAYS = ("payload: {'args': [...], 'kwargs': {...}} with array markers; arrays: their descriptors; "
@@ -42,9 +43,14 @@ class Op:
 OPS = {
     "hello": Op(
         "quick",
-        request="protocol_version: int; pid: int; pool: {name, probe: {segment, offset}, probe_bytes} (optional)",
-        reply="the fields of Capabilities",
+        request="protocol_version: int; pid: int; pool: {name, kind: memfd | file, pid, segment} (optional)",
+        reply="the fields of Capabilities (pool_challenge: the handshake slot the worker wrote a nonce into)",
         errors="VersionMismatch (another protocol version)",
+    ),
+    "attach": Op(
+        "quick", request="nonce: bytes (read from the pool's handshake slot)",
+        reply="pool: bool (attached); client_timeout: as in Capabilities, now that the pid may be proven",
+        errors="ProtocolError (no challenge pending)",
     ),
     "ping": Op("quick", request="-", reply="busy: int (work requests queued)"),
     "status": Op(
@@ -102,7 +108,9 @@ class Capabilities:
     backend: str  #: "cuml" or "sklearn"
     fallback_reason: str | None  #: why an "auto" worker runs scikit-learn, if it does
     float_dtype: str | None  #: the float dtype the client should send (cuML: float32), or None
-    pool: bool  #: whether the worker mapped the client's pool
+    pool: bool  #: whether the worker attached the client's pool (after ``attach``)
+    pool_challenge: int | None  #: the handshake slot holding the nonce that proves the pool is the client's
+    max_frame_bytes: int  #: the largest frame the worker takes (longer arrays go as several frames)
     versions: dict  #: package versions, GPU name and memory
     array_cache: int  #: bytes of arrays the worker keeps for its clients (0: none)
     client_timeout: float | None  #: seconds of silence before this client is freed (None: its pid is watched)

@@ -8,11 +8,18 @@
   value that refers to itself, or make the reader allocate more than the
   header's own size suggests.
 - ``signature`` is the hex HMAC-SHA256 of the header bytes under the shared
-  key, compared in constant time (as jupyter_client does). A signature seen
-  before is a replay and is refused; every header carries a fresh random
-  ``id``, so no honest message repeats one.
+  key, compared in constant time (as jupyter_client does).
 - ``buffers`` are raw bytes: arrays as zero-copy frames, and opaque blobs
   that only the operation expecting one ever reads (see :mod:`.arrays`).
+  The header carries a SHA-256 digest of each (``digests``), so the
+  signature covers every frame.
+
+Every header also carries ``time`` (seconds since the epoch) and, from a
+client, ``to``: the id of the worker run it is meant for. A worker's session
+(``me=`` its id) refuses a message for another run (a restart with the same
+key, another worker), one whose time is more than ``max_skew`` seconds from
+its clock, and one it has seen before (a replay); every header carries a
+fresh random ``id``, so no honest message repeats one.
 
 :meth:`Session.pack` writes this format and :meth:`Session.unpack` is its
 exact inverse.
@@ -24,12 +31,19 @@ import io
 import os
 import pickle
 import pickletools
+import threading
+import time
 from collections import Counter, deque
 
 import numpy as np
 
 from ..errors import ProtocolError
+from ..parallel import run_chunks
 
+MAX_SKEW = 300.0  # seconds a message's time may be from the worker's clock
+REMEMBER = 1 << 20  # signatures a worker keeps to refuse replays (those older than 2 x MAX_SKEW go first)
+MAX_HEADER = 16 << 20  # bytes: a longer header is refused before its signature is computed
+DIGEST_CHUNK = 4 << 20  # large buffers are hashed in chunks of this many bytes, on all cores
 PLAIN_TYPES = (type(None), bool, int, float, str, bytes)
 
 # The opcodes that build plain values. Left out on purpose: globals, calls and
@@ -101,48 +115,121 @@ def frame_buffer(frame):
     return frame.buffer if hasattr(frame, "buffer") else memoryview(frame)
 
 
-class Session:
-    """Signs outgoing headers and checks incoming ones, as jupyter_client does."""
+def buffer_digest(buffer):
+    """SHA-256 of a buffer (hex); large ones as a digest of their chunks' digests, hashed on all cores."""
+    memory = memoryview(buffer).cast("B")
+    if memory.nbytes <= DIGEST_CHUNK:
+        return hashlib.sha256(memory).hexdigest()
+    chunks = [(memory[at : at + DIGEST_CHUNK],) for at in range(0, memory.nbytes, DIGEST_CHUNK)]
+    tree = hashlib.sha256(b"chunks %d|" % memory.nbytes)
+    for digest in run_chunks(lambda chunk: hashlib.sha256(chunk).digest(), chunks):
+        tree.update(digest)
+    return tree.hexdigest()
 
-    def __init__(self, key, replay_window=1 << 16):
+
+class StaleMessage(ProtocolError):
+    """A signed message whose time is too far from the worker's clock: a replay, or clocks that differ."""
+
+
+class Session:
+    """Signs outgoing messages and checks incoming ones, as jupyter_client does.
+
+    ``peer``: the worker run a client's messages are for (stamped as ``to``).
+    ``me``: a worker's own run id; with it, incoming messages must name it,
+    be recent, and be new.
+    """
+
+    def __init__(self, key, *, peer=None, me=None, max_skew=MAX_SKEW, remember=REMEMBER):
         if not key:
             raise ValueError("an empty key would turn message signing off; refusing it")
         self._key = key if isinstance(key, bytes) else key.encode()
+        self.peer, self.me = peer, me
+        self.max_skew = max_skew
+        self._capacity = remember
         self._seen = set()
-        self._order = deque()
-        self._window = replay_window
+        self._order = deque()  # (signature, arrived, message time), in arrival order
+        self._floor = float("-inf")  # messages older than this are refused: their signatures were forgotten
         self.refused = Counter()
+        self._count_lock = threading.Lock()  # refusals are counted from the worker's loop and its threads
 
     def sign(self, header_bytes):
         return hmac.new(self._key, header_bytes, hashlib.sha256).hexdigest().encode()
 
     def pack(self, header, buffers=()):
-        """Serialize ``header`` (plain values) and sign it; buffers follow raw."""
+        """Stamp ``header`` (plain values: time, recipient, buffer digests) and sign it; buffers follow raw."""
+        header["time"] = time.time()
+        if self.peer is not None:
+            header["to"] = self.peer
+        if buffers:
+            header["digests"] = [buffer_digest(b) for b in buffers]
         header_bytes = dumps_header(header)
         return [self.sign(header_bytes), header_bytes, *buffers]
 
-    def unpack(self, frames):
-        """Inverse of :meth:`pack`: check the signature, THEN unpickle the header."""
+    def unpack(self, frames, check_buffers=True):
+        """Inverse of :meth:`pack`: check the signature, THEN unpickle the header, then the buffers' digests.
+
+        ``check_buffers=False`` leaves the digests to :meth:`check_buffers` (the worker checks them on an
+        executor thread, so that hashing a large frame never holds up its loop).
+        """
         if len(frames) < 2:
             self._refuse("truncated", "a message needs a signature and a header")
-        signature, header_bytes = raw_bytes(frames[0]), raw_bytes(frames[1])
+        signature, header_bytes = raw_bytes(frames[0]), frames[1]
+        if len(signature) != 64 or len(header_bytes) > MAX_HEADER:
+            self._refuse("bad_signature" if len(signature) != 64 else "oversized",
+                         "a message needs a 64-digit signature and a header of at most 16 MiB")
+        header_bytes = raw_bytes(header_bytes)
         if not hmac.compare_digest(signature, self.sign(header_bytes)):
             self._refuse("bad_signature", "message signature does not match the key")
-        seen = int(signature[:32], 16)  # 128 bits of the checked signature: a third of the memory
-        if seen in self._seen:
-            self._refuse("replayed", "message was seen before (replay)")
-        self._seen.add(seen)
-        self._order.append(seen)
-        if len(self._order) > self._window:
-            self._seen.discard(self._order.popleft())
         try:
             header = loads_header(header_bytes)
         except ProtocolError as exc:
             self._refuse("malformed", str(exc))
         if not isinstance(header, dict) or not isinstance(header.get("op"), str):
             self._refuse("malformed", "header must be a dict with an 'op'")
-        return header, list(frames[2:])
+        if self.me is not None:
+            self._check_fresh(header)
+            self._remember(signature, header["time"])
+        buffers = list(frames[2:])
+        digests = header.get("digests", [])
+        if not isinstance(digests, list) or len(digests) != len(buffers):
+            self._refuse("bad_digest", "the header does not list one digest per buffer")
+        if check_buffers:
+            self.check_buffers(header, buffers)
+        return header, buffers
+
+    def check_buffers(self, header, buffers):
+        """Each buffer against its digest in the (already verified) header."""
+        for digest, buffer in zip(header.get("digests", []), buffers):
+            if not isinstance(digest, str) or not hmac.compare_digest(digest, buffer_digest(frame_buffer(buffer))):
+                self._refuse("bad_digest", "a buffer does not match its digest in the signed header")
+
+    def _remember(self, signature, sent):
+        """Refuse a signature seen before; remember this one as long as its message could come again."""
+        seen = int(signature[:32], 16)  # 128 bits of the checked signature: a third of the memory
+        if seen in self._seen:
+            self._refuse("replayed", "message was seen before (replay)")
+        now = time.time()
+        self._seen.add(seen)
+        self._order.append((seen, now, sent))
+        horizon = now - 2 * self.max_skew  # first seen before this: its time is too old by now anyway
+        while self._order and (self._order[0][1] < horizon or len(self._order) > self._capacity):
+            forgotten, _, forgotten_sent = self._order.popleft()
+            self._seen.discard(forgotten)
+            if len(self._order) >= self._capacity:  # forgotten early: nothing as old is taken from now on
+                self._floor = max(self._floor, forgotten_sent)
+
+    def _check_fresh(self, header):
+        if header.get("to") != self.me:
+            self._refuse("wrong_worker", "message is for another worker run (another worker, or before a restart)")
+        sent, now = header.get("time"), time.time()
+        if type(sent) is not float or abs(now - sent) > self.max_skew or sent <= self._floor:
+            with self._count_lock:
+                self.refused["stale"] += 1
+            off = f"{now - sent:+.0f} s" if type(sent) is float else "no time"
+            raise StaleMessage(f"the message's time is {off} from the worker's clock (at most {self.max_skew:.0f} s "
+                               "allowed): a replay, or clocks that differ (on WSL2, `wsl --shutdown` resets its clock)")
 
     def _refuse(self, reason, message):
-        self.refused[reason] += 1
+        with self._count_lock:
+            self.refused[reason] += 1
         raise ProtocolError(message)
