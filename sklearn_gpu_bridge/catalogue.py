@@ -2,7 +2,9 @@
 
 One row per cuML class: its short name (what a request names), the module
 it lives in (the same in cuML and scikit-learn), the methods a fitted one
-may be asked for, and those that take ``sample_weight`` (where cuML's do).
+may be asked for, those that take ``sample_weight`` (where cuML's do), and
+the sparse input it takes (cuML 26.10's ``accept_sparse``, in ``fit`` and in
+the methods of a fitted model).
 The worker builds and calls only what is listed here; the client builds a
 ``GPU<name>`` wrapper with exactly these methods. Parameter translation
 between cuML and scikit-learn lives beside it, in :mod:`.translate`.
@@ -14,6 +16,11 @@ from typing import NamedTuple
 
 #: methods that create the remote estimator (op "fit"); the others run on a fitted one (op "call")
 FIT_METHODS = frozenset({"fit", "fit_transform", "fit_predict", "partial_fit"})
+#: cuML parameters that tune speed or memory, not the result: a backend without them may ignore them
+NEUTRAL = frozenset({
+    "n_streams", "max_batch_size", "cache_size", "max_mbytes_per_batch", "max_samples_per_batch",
+    "device_buffer_samples", "device_ids", "build_kwds", "verbose", "output_type", "handle",
+})
 
 
 class Estimator(NamedTuple):
@@ -24,6 +31,8 @@ class Estimator(NamedTuple):
     methods: frozenset  #: what a request may call besides fit
     weighted: frozenset  #: methods whose cuML version takes sample_weight
     sklearn: str  #: dotted path of the scikit-learn class (cuML's ``_cpu_class_path``)
+    sparse_fit: object = False  #: scipy.sparse formats ``fit`` takes (``validate_data``'s accept_sparse)
+    sparse_call: object = False  #: ... and the methods of a fitted model
 
     @property
     def cuml(self):
@@ -35,9 +44,15 @@ class Estimator(NamedTuple):
         return method == "fit" or method in self.methods
 
 
-def _row(module, name, methods="", weighted="", sklearn=None):
+def _accept(text):
+    return {"-": False, "any": True}[text] if text in ("-", "any") else text.split(",")
+
+
+def _row(module, name, methods="", weighted="", sklearn=None, sparse="-"):
+    """``sparse``: "FIT|CALL" (or one for both), each "-" (none), "any", or formats ("csr,csc")."""
+    fit, _, call = sparse.partition("|")
     return Estimator(name, module, frozenset(methods.split()), frozenset(weighted.split()),
-                     sklearn or f"sklearn.{module}.{name}")
+                     sklearn or f"sklearn.{module}.{name}", _accept(fit), _accept(call or fit))
 
 
 _PROBA = "predict predict_proba predict_log_proba"
@@ -49,52 +64,53 @@ _LABELS = "fit_transform transform inverse_transform"
 # except where cuML has none (MBSGD*: the SGD classes) and HDBSCAN (cuML names hdbscan.HDBSCAN;
 # scikit-learn has had its own since 1.3, which the CPU backend uses).
 ESTIMATORS = {row.name: row for row in (
-    _row("linear_model", "LinearRegression", "predict", "fit"),
-    _row("linear_model", "LogisticRegression", f"{_PROBA} decision_function", "fit"),
-    _row("linear_model", "Ridge", "predict", "fit"),
-    _row("linear_model", "Lasso", "predict", "fit"),
-    _row("linear_model", "ElasticNet", "predict", "fit"),
+    _row("linear_model", "LinearRegression", "predict", "fit", sparse="any"),
+    _row("linear_model", "LogisticRegression", f"{_PROBA} decision_function", "fit", sparse="csr|any"),
+    _row("linear_model", "Ridge", "predict", "fit", sparse="any"),
+    _row("linear_model", "Lasso", "predict", "fit", sparse="csr|any"),
+    _row("linear_model", "ElasticNet", "predict", "fit", sparse="csr|any"),
     _row("linear_model", "MBSGDClassifier", "predict decision_function",
-         sklearn="sklearn.linear_model.SGDClassifier"),
-    _row("linear_model", "MBSGDRegressor", "predict", sklearn="sklearn.linear_model.SGDRegressor"),
-    _row("svm", "SVC", "predict decision_function", "fit"),
-    _row("svm", "SVR", "predict", "fit"),
-    _row("svm", "LinearSVC", "predict decision_function", "fit"),
-    _row("svm", "LinearSVR", "predict", "fit"),
+         sklearn="sklearn.linear_model.SGDClassifier", sparse="-|any"),
+    _row("linear_model", "MBSGDRegressor", "predict", sklearn="sklearn.linear_model.SGDRegressor", sparse="-|any"),
+    _row("svm", "SVC", "predict decision_function", "fit", sparse="csr"),
+    _row("svm", "SVR", "predict", "fit", sparse="csr"),
+    _row("svm", "LinearSVC", "predict decision_function", "fit", sparse="-|any"),
+    _row("svm", "LinearSVR", "predict", "fit", sparse="-|any"),
     _row("cluster", "KMeans", "predict fit_predict transform fit_transform score",
          "fit fit_predict fit_transform score"),
     _row("cluster", "DBSCAN", "fit_predict", "fit fit_predict"),
     _row("cluster", "HDBSCAN", "fit_predict"),
     _row("cluster", "SpectralClustering", "fit_predict"),
-    _row("decomposition", "PCA", "transform fit_transform inverse_transform"),
-    _row("decomposition", "IncrementalPCA", "transform fit_transform inverse_transform partial_fit"),
+    _row("decomposition", "PCA", "transform fit_transform inverse_transform", sparse="csr|any"),
+    _row("decomposition", "IncrementalPCA", "transform fit_transform inverse_transform partial_fit", sparse="csr,csc"),
     _row("decomposition", "TruncatedSVD", "transform fit_transform inverse_transform"),
-    _row("neighbors", "NearestNeighbors", "kneighbors"),
-    _row("neighbors", "KNeighborsClassifier", "predict predict_proba kneighbors"),
-    _row("neighbors", "KNeighborsRegressor", "predict kneighbors"),
+    _row("neighbors", "NearestNeighbors", "kneighbors", sparse="csr"),
+    _row("neighbors", "KNeighborsClassifier", "predict predict_proba kneighbors", sparse="csr"),
+    _row("neighbors", "KNeighborsRegressor", "predict kneighbors", sparse="csr"),
     _row("neighbors", "KernelDensity", "score_samples score sample", "fit"),
     _row("ensemble", "RandomForestClassifier", _PROBA, "fit"),
     _row("ensemble", "RandomForestRegressor", "predict", "fit"),
     _row("ensemble", "IsolationForest", "predict decision_function score_samples fit_predict"),
-    _row("manifold", "TSNE", "fit_transform"),
-    _row("manifold", "UMAP", "transform fit_transform inverse_transform", sklearn="umap.UMAP"),
+    _row("manifold", "TSNE", "fit_transform", sparse="csr"),
+    _row("manifold", "UMAP", "transform fit_transform inverse_transform", sklearn="umap.UMAP",
+         sparse="any|csr"),
     _row("manifold", "SpectralEmbedding", "fit_transform"),
     _row("kernel_ridge", "KernelRidge", "predict", "fit"),
     _row("covariance", "EmpiricalCovariance", "score mahalanobis"),
     _row("covariance", "LedoitWolf", "score mahalanobis"),
-    _row("preprocessing", "StandardScaler", _SCALER),
+    _row("preprocessing", "StandardScaler", _SCALER, sparse="csr,csc"),
     _row("preprocessing", "MinMaxScaler", _SCALER),
-    _row("preprocessing", "MaxAbsScaler", _SCALER),
-    _row("preprocessing", "PolynomialFeatures", "transform fit_transform"),
+    _row("preprocessing", "MaxAbsScaler", _SCALER, sparse="csr,csc"),
+    _row("preprocessing", "PolynomialFeatures", "transform fit_transform", sparse="any|csr,csc"),
     _row("preprocessing", "LabelEncoder", _LABELS),
     _row("preprocessing", "LabelBinarizer", _LABELS),
     _row("preprocessing", "OneHotEncoder", "transform fit_transform inverse_transform"),
     _row("preprocessing", "TargetEncoder", "transform fit_transform"),
-    _row("naive_bayes", "GaussianNB", _NB, "fit partial_fit"),
-    _row("naive_bayes", "MultinomialNB", _NB),
-    _row("naive_bayes", "BernoulliNB", _NB),
-    _row("naive_bayes", "ComplementNB", _NB),
-    _row("naive_bayes", "CategoricalNB", _NB),
+    _row("naive_bayes", "GaussianNB", _NB, "fit partial_fit", sparse="csr,coo"),
+    _row("naive_bayes", "MultinomialNB", _NB, sparse="csr,coo"),
+    _row("naive_bayes", "BernoulliNB", _NB, sparse="csr,coo"),
+    _row("naive_bayes", "ComplementNB", _NB, sparse="csr,coo"),
+    _row("naive_bayes", "CategoricalNB", _NB, sparse="csr,coo"),
 )}
 
 #: every method some class may be asked for

@@ -36,7 +36,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from .config import DEFAULTS, ENV_CONNECTION_FILE, get_config, get_setting
 from .connect import default_connection_file, read_connection_file
-from .errors import CacheMiss, ProtocolError, VersionMismatch, WorkerLost, WorkerUnavailable, rebuild, warning_class
+from .errors import CacheMiss, ConfigurationError, ProtocolError, VersionMismatch, WorkerLost, WorkerUnavailable, rebuild, warning_class
 from .keys import secure
 from .local_worker import ensure_local_worker, is_local_connection_file
 from .protocol import (
@@ -51,6 +51,7 @@ from .protocol import (
     new_id,
     to_plain,
 )
+from .protocol.arrays import is_sparse
 from .shm import Pool
 from .transport_choice import client_transport
 
@@ -60,6 +61,16 @@ HELLO_TIMEOUT = 10.0
 POLL_SECONDS = 0.5  # a waiting call wakes up at least this often, and pings the worker this often
 ARRAY_CACHE_MODES = ("auto", "on", "off")
 ALIGN = 64  # reply arrays start on this boundary inside the output block
+
+
+PRECISIONS = ("float32", "native")
+
+
+def _precision():
+    value = get_setting("precision")
+    if value not in PRECISIONS:
+        raise ConfigurationError(f"precision={value!r}: choose one of {PRECISIONS}")
+    return value
 
 
 def start_hint(path="PATH"):
@@ -423,11 +434,12 @@ class Connection:
     def _features(self, args):
         """``args`` with X (the first) as it travels.
 
-        float64 is cast to the worker's float dtype on its way (cuML: float32);
+        float64 is cast to the worker's float dtype on its way (cuML: float32)
+        unless the ``precision`` setting is "native";
         strings and objects (categories) go as nested lists of plain values.
         """
         X = args[0] if args else None
-        if not isinstance(X, np.ndarray):
+        if not isinstance(X, np.ndarray) and not is_sparse(X):
             return list(args)
         if X.dtype.kind in "OUS":
             try:
@@ -435,23 +447,26 @@ class Connection:
             except TypeError as exc:
                 raise TypeError(f"values of type {exc} cannot be sent to the worker") from None
         float_dtype = self.capabilities.float_dtype
-        if float_dtype and X.dtype == np.float64:
+        if X.dtype == np.float64 and _precision() == "float32" and float_dtype:
             return [AsDtype(X, float_dtype), *args[1:]]
         return list(args)
 
     def _out_nbytes(self, args, n_classes):
         """Room for the reply's arrays: one row per sample, as wide as X or the class scores."""
         X = args[0] if args else None
-        if not isinstance(X, np.ndarray) or X.ndim == 0:
+        if not hasattr(X, "shape") or not hasattr(X, "ndim") or X.ndim == 0:
             return 0
         width = max(X.shape[1] if X.ndim > 1 else 1, n_classes * max(n_classes - 1, 1) // 2, n_classes, 2)
         return X.shape[0] * width * 8
 
     # ------------------------------------------------------------ operations
 
-    def fit(self, estimator, params, method, args, kwargs):
-        """Build ``estimator`` with ``params`` on the worker and run ``method``; a :class:`Fitted`."""
-        header = {"op": "fit", "estimator": estimator, "method": method}
+    def fit(self, estimator, params, method, args, kwargs, changed=()):
+        """Build ``estimator`` with ``params`` on the worker and run ``method``; a :class:`Fitted`.
+
+        ``changed``: the parameters the user set (a worker refuses to ignore those).
+        """
+        header = {"op": "fit", "estimator": estimator, "method": method, "changed": list(changed)}
         blobs = None
         try:
             header["params"] = to_plain(params)
@@ -482,15 +497,18 @@ class Connection:
         return value["result"]
 
     def get_state(self, handle):
-        """(format, backend, blob) of a fitted estimator."""
+        """(backend, portable bytes or None, native bytes or None) of a fitted estimator."""
         reply, buffers = self._roundtrip({"op": "get_state", "handle": handle})
-        if len(buffers) != 1:
-            raise ProtocolError("a state reply carries exactly one blob")
-        return reply["format"], reply["backend"], buffers[0].bytes
+        blobs = [frame.bytes for frame in buffers]
+        forms = [form for form in ("portable", "native") if reply.get(form)]
+        if len(blobs) != len(forms) or not forms:
+            raise ProtocolError("a state reply carries one blob per form it names")
+        state = dict(zip(forms, blobs))
+        return reply["backend"], state.get("portable"), state.get("native")
 
-    def set_state(self, estimator, fmt, blob):
-        """A handle to a fitted ``estimator`` rebuilt on the worker from its state."""
-        header = {"op": "set_state", "estimator": estimator, "format": fmt}
+    def set_state(self, estimator, form, blob):
+        """A handle to a fitted ``estimator`` rebuilt on the worker from a form of its state."""
+        header = {"op": "set_state", "estimator": estimator, "form": form}
         reply, _, _ = self.request(header, blobs={"state": blob})
         return reply["handle"]
 

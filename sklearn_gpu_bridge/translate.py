@@ -58,7 +58,7 @@ def _tsvd_to_sklearn(params):
 
 
 def _kmeans_to_sklearn(params):
-    if params.get("init") in ("scalable-k-means++", "k-means||"):
+    if isinstance(params.get("init"), str) and params["init"] in ("scalable-k-means++", "k-means||"):
         params["init"] = "k-means++"
     return params
 
@@ -137,28 +137,6 @@ def _label_encoder_to_sklearn(params):
     return params
 
 
-def _target_encoder_to_sklearn(params):
-    """cuML's folds and seed; its target mean is scikit-learn's continuous target.
-
-    scikit-learn always encodes features independently (cuML's
-    ``multi_feature_mode="independent"``): with several features and cuML's
-    default "combination", the two backends differ (cuML cannot convert such a
-    model to scikit-learn either).
-    """
-    from sklearn.model_selection import KFold
-
-    stat = params.pop("stat", "mean")
-    if stat != "mean":
-        raise _unsupported("TargetEncoder", "stat", stat)
-    shuffle = params.pop("split_method", "interleaved") == "random"
-    seed = params.pop("seed", 42)
-    params["cv"] = KFold(params.pop("n_folds", 4), shuffle=shuffle, random_state=seed if shuffle else None)
-    params["smooth"] = float(params.get("smooth", 0))
-    params["target_type"] = "continuous"
-    params.pop("multi_feature_mode", None)
-    return params
-
-
 _SGD_LOSSES = {"hinge": "hinge", "log": "log_loss", "squared_loss": "squared_error"}
 
 
@@ -204,7 +182,6 @@ TO_SKLEARN = {
     "TSNE": _tsne_to_sklearn,
     "UMAP": _umap_to_sklearn,
     "LabelEncoder": _label_encoder_to_sklearn,
-    "TargetEncoder": _target_encoder_to_sklearn,
 }
 
 

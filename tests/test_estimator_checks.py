@@ -57,6 +57,8 @@ EXPECTED_FAILURES = {
     for name in ("GPUSVC", "GPUSVR", "GPULinearSVC", "GPULinearSVR", "GPUKMeans",
                  "GPURandomForestClassifier", "GPURandomForestRegressor")
 }
+for _name in ("GPUSVC", "GPUSVR"):  # they take sparse X too (as scikit-learn's, which fail it the same way)
+    EXPECTED_FAILURES[_name]["check_sample_weight_equivalence_on_sparse_data"] = _WEIGHTS
 # scikit-learn exempts its own Ridge from this check by name: the direct solvers have n_iter_ None
 EXPECTED_FAILURES["GPURidge"] = {"check_non_transformer_estimators_n_iter": "n_iter_ is None for direct solvers"}
 # cuML's and scikit-learn's TSNE both refuse one sample, saying "perplexity must be less than n_samples"
@@ -66,11 +68,21 @@ EXPECTED_FAILURES["GPUTSNE"] = {"check_fit2d_1sample": "TSNE's own message names
 _BATCH = "UMAP.transform optimises the new points' embedding jointly: it depends on the batch"
 EXPECTED_FAILURES["GPUUMAP"] = {"check_methods_sample_order_invariance": _BATCH,
                                 "check_methods_subset_invariance": _BATCH}
+# cuML's TargetEncoder takes continuous and binary targets only; so does the scikit-learn backend's stand-in
+_MULTICLASS = "cuML's TargetEncoder takes continuous and binary targets only; the check's y has 3 classes"
+EXPECTED_FAILURES["GPUTargetEncoder"] = {check: _MULTICLASS for check in (
+    "check_fit_score_takes_y", "check_estimators_overwrite_params", "check_dont_overwrite_parameters",
+    "check_estimators_fit_returns_self", "check_readonly_memmap_input", "check_n_features_in_after_fitting",
+    "check_positive_only_tag_during_fit", "check_dtype_object", "check_f_contiguous_array_estimator",
+    "check_methods_sample_order_invariance", "check_methods_subset_invariance", "check_fit2d_1feature",
+    "check_dict_unchanged", "check_fit2d_predict1d")}
 if BACKEND == "cuml":
     # Seen on the H100 run (benchmarks/results/gpu-h100/pytest-cuml-checks.txt): cuML's own behaviour
     _F32 = _WEIGHTS + "; in float32 the solvers' results differ by more than the check's tolerance"
     for _name in ("GPULinearRegression", "GPURidge", "GPUKernelRidge"):
         EXPECTED_FAILURES.setdefault(_name, {})["check_sample_weight_equivalence_on_dense_data"] = _F32
+    for _name in ("GPULinearRegression", "GPURidge"):  # sparse X: cuML's lsmr, in float32
+        EXPECTED_FAILURES[_name]["check_sample_weight_equivalence_on_sparse_data"] = _F32
     _ONE = "cuML's message for a single sample does not say 'one sample'"
     EXPECTED_FAILURES["GPUMBSGDClassifier"] = {"check_fit2d_1sample": _ONE}
     EXPECTED_FAILURES["GPUMBSGDRegressor"] = {"check_fit2d_1sample": _ONE}
@@ -78,13 +90,6 @@ if BACKEND == "cuml":
     EXPECTED_FAILURES["GPUTSNE"] = {  # (cuML's TSNE names the sample count: check_fit2d_1sample passes there)
         check: _TWO for check in ("check_dont_overwrite_parameters", "check_methods_sample_order_invariance",
                                   "check_methods_subset_invariance", "check_fit2d_predict1d")}
-    _MULTICLASS = "cuML's TargetEncoder takes continuous and binary targets only; the check's y has 3 classes"
-    EXPECTED_FAILURES["GPUTargetEncoder"] = {check: _MULTICLASS for check in (
-        "check_fit_score_takes_y", "check_estimators_overwrite_params", "check_dont_overwrite_parameters",
-        "check_estimators_fit_returns_self", "check_readonly_memmap_input", "check_n_features_in_after_fitting",
-        "check_positive_only_tag_during_fit", "check_dtype_object", "check_f_contiguous_array_estimator",
-        "check_methods_sample_order_invariance", "check_methods_subset_invariance", "check_fit2d_1feature",
-        "check_dict_unchanged", "check_fit2d_predict1d")}
     EXPECTED_FAILURES["GPUSpectralEmbedding"] = {
         "check_f_contiguous_array_estimator": "cuML's eigensolver does not converge on the check's data "
                                               "(raft eig.cuh: 'eigensolver couldn't converge')"}
@@ -99,15 +104,6 @@ if BACKEND == "cuml":
         "check_class_weight_classifiers": "cuML's qn solver weighs classes less than the check's "
                                           "0.87 threshold expects (cuML's own behaviour)",
     }
-if BACKEND == "sklearn":
-    # cuML's default decision_function_shape="ovo" gives one column per class in cuML; the
-    # scikit-learn backend runs scikit-learn's "ovo", whose pairwise columns argmax differently.
-    _OVO = "decision_function_shape='ovo' (cuML's default) is pairwise in scikit-learn"
-    for _check in ("check_classifiers_train", "check_classifiers_train(readonly_memmap=True)",
-                   "check_classifiers_train(readonly_memmap=True,X_dtype=float32)"):
-        EXPECTED_FAILURES["GPUSVC"][_check] = _OVO
-
-
 def expected_failed_checks(estimator):
     return EXPECTED_FAILURES.get(type(estimator).__name__, {})
 

@@ -21,6 +21,7 @@ from sklearn.decomposition import PCA
 from sklearn.exceptions import NotFittedError
 from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import GridSearchCV, cross_val_score
+from sklearn.multiclass import OneVsOneClassifier
 from sklearn.pipeline import Pipeline
 from sklearn.preprocessing import StandardScaler
 from sklearn.svm import SVC
@@ -28,6 +29,7 @@ from sklearn.svm import SVC
 import sklearn_gpu_bridge
 from sklearn_gpu_bridge import GPUKMeans, GPULogisticRegression, GPUPCA, GPUStandardScaler, GPUSVC
 from sklearn_gpu_bridge.errors import RemoteTraceback
+from sklearn_gpu_bridge.portable import ovo_decision
 
 from .conftest import BACKEND, assert_same
 
@@ -58,7 +60,7 @@ def test_pca_equals_sklearn():
     assert_same(bridged.inverse_transform(bridged.transform(X_BC)), direct.inverse_transform(direct.transform(X_BC)))
     assert_same(bridged.components_, direct.components_)
     assert_same(bridged.explained_variance_ratio_, direct.explained_variance_ratio_)
-    assert list(bridged.get_feature_names_out()) == ["gpupca0", "gpupca1"]
+    assert list(bridged.get_feature_names_out()) == ["pca0", "pca1"]  # as scikit-learn's and cuML's PCA name them
 
 
 @exact
@@ -69,17 +71,22 @@ def test_logistic_regression_equals_sklearn(X, y):
     for method in ("predict", "predict_proba", "predict_log_proba", "decision_function"):
         assert_same(getattr(bridged, method)(X), getattr(direct, method)(X))
     assert_same(bridged.coef_, direct.coef_)
-    assert bridged.score(X, y) == direct.score(X, y)
+    assert_same(bridged.score(X, y), direct.score(X, y))
 
 
 @exact
 @pytest.mark.parametrize("X, y", [(X_IRIS, Y_IRIS), (X_BC, Y_BC)], ids=["multiclass", "binary"])
 def test_svc_equals_sklearn(X, y):
+    """Two classes: scikit-learn's SVC. More: cuML's way, one SVC per pair (OneVsOneClassifier), a column per class."""
     bridged = GPUSVC(C=10, gamma=0.1).fit(X, y)
-    direct = SVC(C=10, gamma=0.1, cache_size=1024, decision_function_shape="ovo").fit(X, y)
+    direct = SVC(C=10, gamma=0.1, cache_size=1024)
+    direct = (direct if len(np.unique(y)) == 2 else OneVsOneClassifier(direct)).fit(X, y)
     assert_same(bridged.predict(X), direct.predict(X))
     assert_same(bridged.decision_function(X), direct.decision_function(X))
-    assert_same(bridged.support_vectors_, direct.support_vectors_)
+    if len(np.unique(y)) == 2:
+        assert_same(bridged.support_vectors_, direct.support_vectors_)
+    else:
+        assert bridged.decision_function(X).shape == (len(X), 3)
 
 
 @exact
@@ -90,8 +97,8 @@ def test_kmeans_equals_sklearn():
     assert_same(bridged.cluster_centers_, direct.cluster_centers_)
     assert_same(bridged.transform(X_IRIS), direct.transform(X_IRIS))
     assert_same(bridged.predict(X_IRIS), direct.predict(X_IRIS))
-    assert bridged.score(X_IRIS) == direct.score(X_IRIS)
-    assert bridged.inertia_ == direct.inertia_
+    assert_same(bridged.score(X_IRIS), direct.score(X_IRIS))
+    assert_same(bridged.inertia_, direct.inertia_)
 
 
 @pytest.mark.parametrize(
@@ -111,28 +118,37 @@ def test_labels_come_back_as_given(Estimator, labels):
 
 
 @exact
+@exact
 def test_class_weight_keyed_by_user_labels():
+    """As cuML: the class weights become sample weights, then one SVC per pair of classes is fitted."""
     y = np.array(["a", "b", "c"])[Y_IRIS]
     weights = {"a": 1.0, "b": 5.0, "c": 0.2}
     bridged = GPUSVC(class_weight=weights).fit(X_IRIS, y)
-    direct = SVC(class_weight=weights, decision_function_shape="ovo").fit(X_IRIS, y)
-    assert_same(bridged.decision_function(X_IRIS), direct.decision_function(X_IRIS))
+    sample_weight = np.array([weights[label] for label in y])
+    pairs = [(i, j) for i in range(3) for j in range(i + 1, 3)]
+    confidences = []
+    for i, j in pairs:
+        rows = (Y_IRIS == i) | (Y_IRIS == j)
+        svc = SVC(cache_size=1024).fit(X_IRIS[rows], Y_IRIS[rows] == j, sample_weight=sample_weight[rows])
+        confidences.append(svc.decision_function(X_IRIS))
+    confidences = np.column_stack(confidences)
+    assert_same(bridged.decision_function(X_IRIS), ovo_decision((confidences >= 0).astype(int), confidences, 3))
 
 
-def _pipelines():
+def _pipelines(multiclass=False):
     bridged = Pipeline([("sc", GPUStandardScaler()), ("svm", GPUSVC())])
-    direct = Pipeline([("sc", StandardScaler()), ("svm", SVC(cache_size=1024, decision_function_shape="ovo"))])
+    svc = SVC(cache_size=1024)
+    direct = Pipeline([("sc", StandardScaler()), ("svm", OneVsOneClassifier(svc) if multiclass else svc)])
     return bridged, direct
 
 
 @pytest.mark.parametrize("n_jobs", [1, 2])
 def test_grid_search_on_pipeline(n_jobs):
-    bridged, direct = _pipelines()
-    grid = {"svm__C": [0.1, 1, 10]}
-    found = GridSearchCV(bridged, grid, cv=3, n_jobs=n_jobs).fit(X_IRIS, Y_IRIS)
-    expected = GridSearchCV(direct, grid, cv=3).fit(X_IRIS, Y_IRIS)
+    bridged, direct = _pipelines(multiclass=True)
+    found = GridSearchCV(bridged, {"svm__C": [0.1, 1, 10]}, cv=3, n_jobs=n_jobs).fit(X_IRIS, Y_IRIS)
+    expected = GridSearchCV(direct, {"svm__estimator__C": [0.1, 1, 10]}, cv=3).fit(X_IRIS, Y_IRIS)
     if BACKEND == "sklearn":
-        assert found.best_params_ == expected.best_params_
+        assert found.best_params_["svm__C"] == expected.best_params_["svm__estimator__C"]
         assert_same(found.cv_results_["mean_test_score"], expected.cv_results_["mean_test_score"])
         assert_same(found.predict(X_IRIS), expected.predict(X_IRIS))
     else:  # float32 and another SMO: scores agree to a few points

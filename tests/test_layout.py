@@ -64,8 +64,8 @@ def _module_level_imports(name, path):
                 if stmt.level:
                     anchor = package.split(".")[: len(package.split(".")) - stmt.level + 1]
                     base = ".".join(anchor + ([stmt.module] if stmt.module else []))
-                found.add(base)
-                found.update(f"{base}.{a.name}" for a in stmt.names)
+                submodules = {f"{base}.{a.name}" for a in stmt.names} & set(MODULES)
+                found.update(submodules or {base})
     return {m for m in found if m in MODULES and m != name}
 
 

@@ -29,7 +29,7 @@ import pytest
 import sklearn_gpu_bridge
 from sklearn_gpu_bridge import GPUKMeans, GPULogisticRegression, GPUPCA, GPUStandardScaler, GPUSVC
 
-from .conftest import BACKEND, WorkerProcess, record, use_worker
+from .conftest import BACKEND, WorkerProcess, assert_ulps, record, use_worker
 from .test_bad_input import _oracle
 
 pytestmark = pytest.mark.skipif(BACKEND != "sklearn", reason="exact comparison with scikit-learn: CPU backend")
@@ -117,12 +117,7 @@ def _assert_equal(got, expected, what):
     scikit-learn's own fit does), scikit-learn's predict takes another BLAS
     path on the worker than on the raw input, and rounds differently.
     """
-    if got.dtype.kind not in "fc":
-        np.testing.assert_array_equal(got, expected, err_msg=what)
-        return
-    eps = np.finfo(got.dtype).eps
-    scale = max(1.0, float(np.max(np.abs(expected)))) if expected.size else 1.0
-    np.testing.assert_allclose(got, expected, rtol=64 * eps, atol=64 * eps * scale, err_msg=what)
+    assert_ulps(got, expected, err_msg=what)
 
 
 class BlockWatch:

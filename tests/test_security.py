@@ -273,8 +273,8 @@ def test_set_state_of_an_unknown_estimator_never_unpickles(connection, tmp_path)
     marker = tmp_path / "MARKER"
     blob = cloudpickle.dumps(_Touch(marker))
     with pytest.raises(ValueError, match="unknown estimator"):
-        connection.set_state("Popen", "sklearn", blob)
-    with pytest.raises(ValueError, match="format"):
+        connection.set_state("Popen", "portable", blob)
+    with pytest.raises(ValueError, match="unknown state form"):
         connection.set_state("StandardScaler", "joblib", blob)
     assert not marker.exists()
 

@@ -29,7 +29,7 @@ from sklearn_gpu_bridge import (
 from sklearn_gpu_bridge.errors import WorkerUnavailable
 from sklearn_gpu_bridge.estimators.base import StateLost
 
-from .conftest import BACKEND, WorkerProcess, use_worker
+from .conftest import BACKEND, WorkerProcess, assert_ulps, use_worker
 
 X, Y = load_iris(return_X_y=True)
 LABELS = np.array(["setosa", "versicolor", "virginica"])[Y]
@@ -88,9 +88,9 @@ def test_loaded_model_without_worker_answers_on_cpu_when_allowed(worker, no_work
     with pytest.warns(RuntimeWarning):
         restored = scaler.inverse_transform(X)
     if BACKEND == "sklearn":  # the CPU answer is the backend's own model: exactly the same
-        np.testing.assert_array_equal(proba, expected["predict_proba"])
-        np.testing.assert_array_equal(scaled, expected["transform"])
-        np.testing.assert_array_equal(restored, expected["inverse_transform"])
+        assert_ulps(proba, expected["predict_proba"])
+        assert_ulps(scaled, expected["transform"])
+        assert_ulps(restored, expected["inverse_transform"])
     else:  # cuML's float32 answer vs scikit-learn's float64 one on the same fitted state
         np.testing.assert_allclose(proba, expected["predict_proba"], atol=1e-3)
         np.testing.assert_allclose(scaled, expected["transform"], rtol=1e-4, atol=1e-4)
@@ -115,7 +115,7 @@ def test_eager_state_survives_a_worker_restart(tmp_path, fresh_worker):
     replacement = WorkerProcess(tmp_path / "second")
     try:
         use_worker(replacement)
-        same = np.testing.assert_array_equal if BACKEND == "sklearn" else \
+        same = assert_ulps if BACKEND == "sklearn" else \
             lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)  # via as_sklearn()
         same(classifier.predict_proba(X), expected[0])
         same(scaler.transform(X), expected[1])

@@ -17,31 +17,24 @@ import platform
 import cloudpickle
 import numpy as np
 
-from sklearn_gpu_bridge.catalogue import lookup
+from sklearn_gpu_bridge.catalogue import NEUTRAL, lookup
 from sklearn_gpu_bridge.translate import to_sklearn
+
+from . import forms
 
 log = logging.getLogger(__name__)
 
 #: fitted by the cuML worker before it reports ready (first fits of these pay seconds)
 WARM_UP = ("StandardScaler", "PCA", "LogisticRegression", "SVC", "KMeans")
-
-
-def _converts_back(estimator):
-    """Whether cuML's ``from_sklearn`` takes back what its ``as_sklearn`` gives.
-
-    Where it does not, the state travels as cuML's pickle, so that it can be
-    pushed back to a cuML worker: IsolationForest ("conversion of a fitted
-    sklearn IsolationForest is not supported") and a TargetEncoder that
-    encodes feature combinations (one encoding, where scikit-learn's form has
-    one per feature: from_sklearn fails on it).
-    """
-    name = type(estimator).__name__
-    if name == "IsolationForest":
-        return False
-    return not (name == "TargetEncoder" and getattr(estimator, "multi_feature_mode", None) == "combination")
-
-
 DEVICE_OUTPUT_METHODS = frozenset({"transform", "fit_transform", "inverse_transform"})
+#: where cuML does something scikit-learn has no class for, the scikit-learn backend runs cuML's way
+STAND_INS = {
+    "SVC": "sklearn_gpu_bridge.portable.CumlLikeSVC",
+    "TargetEncoder": "sklearn_gpu_bridge.portable.CumlLikeTargetEncoder",
+    "MBSGDClassifier": "sklearn_gpu_bridge.portable.CumlLikeSGDClassifier",
+    "GaussianNB": "sklearn_gpu_bridge.portable.CumlLikeGaussianNB",
+    "CategoricalNB": "sklearn_gpu_bridge.portable.CumlLikeCategoricalNB",
+}
 
 
 def _load(path):
@@ -49,8 +42,25 @@ def _load(path):
     return getattr(importlib.import_module(module), name)
 
 
+def parameter_names(cls):
+    """The constructor parameters of ``cls`` as ``get_params`` knows them.
+
+    Not ``inspect.signature``: cuML's vendored scikit-learn base class wraps
+    ``__init__`` in ``(*args, **kwargs)`` (its scalers, PolynomialFeatures), and
+    its ``_get_param_names`` is what lists their parameters.
+    """
+    names = getattr(cls, "_get_param_names", None)
+    return frozenset(names() if names is not None else inspect.signature(cls).parameters)
+
+
 class Backend:
-    """Builds estimators from the table and moves their fitted state."""
+    """Builds estimators from the catalogue and moves their fitted state.
+
+    Fitted state travels in up to two forms: *portable* (a model that predicts
+    with scikit-learn alone: :mod:`sklearn_gpu_bridge.portable`, ``forms.py``)
+    and *native* (the backend's own pickle, for a worker of the same backend,
+    where the portable form is not taken back exactly).
+    """
 
     name = "?"
     #: inputs are copied to device memory by the estimator, so views of the
@@ -62,7 +72,6 @@ class Backend:
 
     def __init__(self):
         self._classes = {}
-        self._accepted = {}
 
     def output_context(self, method):
         """The context an estimator method runs in (cuML: some results stay on the device)."""
@@ -74,26 +83,40 @@ class Backend:
             cls = self._classes[name] = _load(getattr(lookup(name), self.column))
         return cls
 
-    def create(self, name, params):
-        """An unfitted estimator; parameters the class does not take are dropped and named."""
+    def create(self, name, params, changed=()):
+        """An unfitted estimator, and the parameters its class does not take (left at their defaults).
+
+        A parameter of ``changed`` (the user set it) that the class does not take
+        would change the answer if it were ignored: it is refused instead, unless it
+        only tunes speed or memory (``catalogue.NEUTRAL``).
+        """
         cls = self.estimator_class(name)
-        accepted = self._accepted.get(name)
-        if accepted is None:
-            accepted = self._accepted[name] = frozenset(inspect.signature(cls).parameters)
-        kept = {k: v for k, v in params.items() if k in accepted}
-        return cls(**kept), sorted(set(params) - set(kept))
+        params = self._translate(name, params)
+        accepted = parameter_names(cls)
+        dropped = sorted(set(params) - accepted)
+        refused = [p for p in dropped if p in changed and p not in NEUTRAL]
+        if refused:
+            raise ValueError(f"{name}: the {self.name} backend has no parameter(s) {refused}; refusing to ignore "
+                             f"them (they would change the result): leave them at their defaults on this worker")
+        return cls(**{k: v for k, v in params.items() if k in accepted}), dropped
+
+    def _translate(self, name, params):
+        return params
 
     def export_state(self, estimator):
-        """(format, bytes) of a fitted estimator, preferring plain scikit-learn."""
-        return "sklearn", cloudpickle.dumps(estimator)
+        """(portable bytes or None, native bytes or None) of a fitted estimator."""
+        return cloudpickle.dumps(estimator), None
 
-    def import_state(self, name, fmt, blob):
-        if fmt != "sklearn":
-            raise ValueError(f"the {self.name} backend cannot load state of format {fmt!r}")
+    def import_state(self, name, form, blob):
+        """A fitted estimator from a form of its state (``portable`` or ``native``)."""
+        if form != "portable":
+            raise ValueError(f"the {self.name} backend takes portable state only, not {form!r}")
         model = cloudpickle.loads(blob)
-        expected = _load(lookup(name).sklearn)
+        # scikit-learn's class, cuML's way of it (portable.py), or this backend's own
+        expected = (_load(lookup(name).sklearn), self.estimator_class(name)) + \
+            ((_load(STAND_INS[name]),) if name in STAND_INS else ())
         if not isinstance(model, expected):
-            raise TypeError(f"state is a {type(model).__name__}, expected {expected.__name__}")
+            raise TypeError(f"state is a {type(model).__name__}, expected {expected[0].__name__}")
         return model
 
     def versions(self):
@@ -108,8 +131,13 @@ class Backend:
 class SklearnBackend(Backend):
     name = "sklearn"
 
-    def create(self, name, params):
-        return super().create(name, to_sklearn(name, params))
+    def estimator_class(self, name):
+        if name in STAND_INS:
+            return self._classes.setdefault(name, _load(STAND_INS[name]))
+        return super().estimator_class(name)
+
+    def _translate(self, name, params):
+        return to_sklearn(name, params)
 
 
 class CumlBackend(Backend):
@@ -127,36 +155,48 @@ class CumlBackend(Backend):
 
     def output_context(self, method):
         # The bulky results of transforms stay CuPy arrays until the reply is encoded, which
-        # copies them from the device straight into the client's pool room: no numpy copy in
+        # copies them from the device straight into the client's pool block: no numpy copy in
         # between. Only there: cuML's multiclass SVC, for one, fails to predict under "cupy".
         if method in DEVICE_OUTPUT_METHODS:
             return self._cuml.using_output_type("cupy")
         return contextlib.nullcontext()
 
-    def export_state(self, estimator):
-        as_sklearn = getattr(estimator, "as_sklearn", None)
-        # Only a scikit-learn form is a promise the client can keep: cuML's UMAP and HDBSCAN
-        # convert to umap-learn / hdbscan objects, which a client without those packages
-        # could not unpickle. Those travel as cuML's pickle (opaque to the client).
-        cpu_class = getattr(estimator, "_cpu_class_path", "sklearn.")
-        if as_sklearn is not None and cpu_class.startswith("sklearn.") and _converts_back(estimator):
-            try:
-                return "sklearn", cloudpickle.dumps(as_sklearn())
-            except Exception as exc:  # noqa: BLE001 - conversion is optional; use cuML's pickle
-                log.info("%s has no scikit-learn form (%s); sending cuML's own pickle",
-                         type(estimator).__name__, exc)
-        return "cuml", cloudpickle.dumps(estimator)
+    def portable(self, estimator):
+        """The model in a form that predicts without cuML (forms.py), or None where there is none."""
+        name = type(estimator).__name__
+        try:
+            if name in forms.BUILDERS:
+                return forms.BUILDERS[name](estimator)
+            if getattr(estimator, "_cpu_class_path", "").startswith("sklearn.") and hasattr(estimator, "as_sklearn"):
+                return estimator.as_sklearn()
+        except Exception as exc:  # noqa: BLE001 - said, and the native form still travels
+            log.warning("%s: no portable form (%s: %s)", name, type(exc).__name__, exc)
+        return None
 
-    def import_state(self, name, fmt, blob):
+    def export_state(self, estimator):
+        portable = self.portable(estimator)
+        name = type(estimator).__name__
+        sklearn_class = lookup(name).sklearn.rpartition(".")[2]
+        # as_sklearn() and from_sklearn() go both ways: the portable form is all there is to carry
+        exact = (portable is not None and type(portable).__name__ == sklearn_class
+                 and (name not in forms.BUILDERS or name == "SVC") and name != "IsolationForest")
+        return (None if portable is None else cloudpickle.dumps(portable),
+                None if exact else cloudpickle.dumps(estimator))
+
+    def import_state(self, name, form, blob):
         cls = self.estimator_class(name)
-        if fmt == "sklearn":
-            return cls.from_sklearn(super().import_state(name, fmt, blob))
-        if fmt == "cuml":
+        if form == "native":
             model = cloudpickle.loads(blob)
             if not isinstance(model, cls):
                 raise TypeError(f"state is a {type(model).__name__}, expected {cls.__name__}")
             return model
-        raise ValueError(f"unknown state format {fmt!r}")
+        model = super().import_state(name, form, blob)
+        if hasattr(cls, "from_sklearn"):
+            try:
+                return cls.from_sklearn(model)
+            except Exception as exc:  # noqa: BLE001 - the portable model still answers, on this worker's CPU
+                log.info("%s: cuML does not take this fitted model back (%s); it runs on the CPU here", name, exc)
+        return model
 
     def versions(self):
         versions = super().versions()

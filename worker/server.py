@@ -562,7 +562,10 @@ class Worker:
         if method not in FIT_METHODS or not lookup(name).allows(method):
             raise ProtocolError(f"{method!r} is not a fitting method of {name}")
         args, kwargs = self._args(header, buffers)
-        estimator, dropped = self.backend.create(name, self._params(header, buffers))
+        changed = header.get("changed", [])
+        if not isinstance(changed, list):
+            raise ProtocolError("'changed' must be a list of parameter names")
+        estimator, dropped = self.backend.create(name, self._params(header, buffers), changed)
         with self.backend.output_context(method):
             result = getattr(estimator, method)(*args, **kwargs)
         handle = self.handles.add(estimator, name, header["client"])
@@ -592,14 +595,17 @@ class Worker:
 
     def _op_get_state(self, header, buffers):
         entry = self.handles.get(header.get("handle"), header["client"])
-        fmt, blob = self.backend.export_state(entry.estimator)
-        return {"format": fmt, "backend": self.backend.name}, [blob]
+        portable, native = self.backend.export_state(entry.estimator)
+        reply = {"backend": self.backend.name, "portable": portable is not None, "native": native is not None}
+        return reply, [blob for blob in (portable, native) if blob is not None]
 
     def _op_set_state(self, header, buffers):
-        name = header.get("estimator")
-        self.backend.estimator_class(name)  # refuse unknown names before touching the blob
+        name, form = header.get("estimator"), header.get("form")
+        self.backend.estimator_class(name)  # refuse unknown names and forms before touching the blob
+        if form not in ("portable", "native"):
+            raise ValueError(f"unknown state form {form!r}")
         blob = self._decoder(header, buffers).decode(header.get("state"))
-        estimator = self.backend.import_state(name, header.get("format"), bytes(blob))
+        estimator = self.backend.import_state(name, form, bytes(blob))
         return {"handle": self.handles.add(estimator, name, header["client"])}, []
 
 

@@ -28,6 +28,7 @@ client's (:class:`client.Connection`). The public methods are small mixins
 (``methods.py``); ``spec.py`` puts them together per class.
 """
 
+import functools
 import warnings
 import weakref
 
@@ -84,6 +85,13 @@ class RemoteEstimator(BaseEstimator):
     _wire_params = {}
     #: keep ``n_samples_fit_`` (neighbors: the width of kneighbors_graph)
     _records_n_samples = False
+    #: sparse X that cuML's class takes in fit, and in the methods of a fitted model (the catalogue's)
+    _sparse_fit = _sparse_call = False
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.sparse = bool(self._sparse_fit)
+        return tags
 
     # ------------------------------------------------------------ fitting
 
@@ -95,7 +103,8 @@ class RemoteEstimator(BaseEstimator):
         in chunks on all cores instead, and only an array that fails them
         goes to scikit-learn's own check, for its exact message.
         """
-        settings = {**self._validation, **kwargs}
+        settings = {"accept_sparse": self._sparse_fit if kwargs.get("reset", True) else self._sparse_call,
+                    **self._validation, **kwargs}
         finite = settings.get("ensure_all_finite", True)
         large = isinstance(X, np.ndarray) and X.dtype.kind == "f" and X.nbytes >= PARALLEL_MIN
         if large and finite:
@@ -142,11 +151,11 @@ class RemoteEstimator(BaseEstimator):
     def _fit_prepared(self, method, X, y, fit_kwargs):
         connection = get_connection()  # no worker: WorkerUnavailable; a fit never falls back
         args = [X] + ([] if y is None else [y])
-        fitted = connection.fit(self._remote_name, self._remote_params(), method, args, fit_kwargs)
+        params = self._remote_params()
+        fitted = connection.fit(self._remote_name, params, method, args, fit_kwargs, changed=self._changed())
         for key in _STATE_KEYS:
             self.__dict__.pop(key, None)
         self._remote = RemoteHandle(connection, fitted.handle)
-        self._warn_dropped(fitted.dropped)
         if _state_sync() == "eager":
             self._pull_state()
         return fitted.result
@@ -175,16 +184,11 @@ class RemoteEstimator(BaseEstimator):
             }
         return params
 
-    def _warn_dropped(self, dropped):
-        if not dropped:
-            return
-        defaults = type(self)().get_params(deep=False)
-        changed = [p for p in dropped if p in defaults and not _same(getattr(self, p), defaults[p])]
-        if changed:
-            warnings.warn(
-                f"{type(self).__name__}: the worker's backend has no parameter(s) {changed}; "
-                "they were ignored", UserWarning, stacklevel=4,
-            )
+    def _changed(self):
+        """The parameters set away from their defaults: a worker may not ignore those (it refuses instead)."""
+        defaults = _defaults(type(self))
+        return [name for name, value in self.get_params(deep=False).items()
+                if name in defaults and not _same(value, defaults[name])]
 
     # ------------------------------------------------------------ calling
 
@@ -202,7 +206,7 @@ class RemoteEstimator(BaseEstimator):
             if X is None:
                 args = [None]
         elif in_output_space:
-            args = [check_array(X, **self._validation)]
+            args = [check_array(X, **{"accept_sparse": self._sparse_call, **self._validation})]
         else:
             args = [self._validate(X, reset=False)]
         return self._run(method, args, kwargs)
@@ -224,17 +228,17 @@ class RemoteEstimator(BaseEstimator):
         if model is None:
             raise WorkerUnavailable(
                 f"{exc}\n{name}.{method} needs a worker: this fitted model carries no "
-                "scikit-learn form of its state to compute it on the CPU"
+                "portable form of its state to compute it on the CPU"
             ) from exc
         if not get_setting("cpu_fallback"):
             raise WorkerUnavailable(
-                f"{exc}\n{name}.{method} could run on the CPU with the scikit-learn model it carries: "
+                f"{exc}\n{name}.{method} could run on the CPU with the portable model it carries: "
                 "set sklearn_gpu_bridge.set_config(cpu_fallback=True) "
                 "(or SKLEARN_GPU_BRIDGE_CPU_FALLBACK=1) to allow that"
             ) from exc
         warnings.warn(
             f"{name}.{method}: no worker can be reached ({exc}); computing it on the CPU "
-            "with the carried scikit-learn model (cpu_fallback=True)", RuntimeWarning, stacklevel=4,
+            "with the carried portable model (cpu_fallback=True)", RuntimeWarning, stacklevel=4,
         )
         return getattr(model, method)(*args, **kwargs)
 
@@ -243,8 +247,8 @@ class RemoteEstimator(BaseEstimator):
         remote = self.__dict__.get("_remote")
         if remote is not None and remote.usable_on(connection):
             return remote.handle
-        fmt, blob = self._state_blob(connection)
-        self._remote = RemoteHandle(connection, connection.set_state(self._remote_name, fmt, blob))
+        form, blob = self._state_blob(connection)
+        self._remote = RemoteHandle(connection, connection.set_state(self._remote_name, form, blob))
         return self._remote.handle
 
     # ------------------------------------------------------------ fitted state
@@ -256,7 +260,7 @@ class RemoteEstimator(BaseEstimator):
         return "_sklearn_model" in self.__dict__ or "_backend_state" in self.__dict__
 
     def _pull_state(self):
-        """Fetch the remote model once: as its scikit-learn equivalent where possible."""
+        """Fetch the remote model once: its portable form (and, where that is not exact, the backend's)."""
         remote = self.__dict__["_remote"]
         connection = get_connection()
         if not remote.usable_on(connection):
@@ -265,33 +269,37 @@ class RemoteEstimator(BaseEstimator):
                 "was never copied to this process; fit it again (set_config(state_sync='eager') "
                 "copies the state right after each fit, so that models outlive their worker)"
             )
-        fmt, backend, blob = connection.get_state(remote.handle)
-        if fmt == "sklearn":
-            self._sklearn_model = cloudpickle.loads(blob)
-        else:
-            self._backend_state = (backend, fmt, blob)
+        backend, portable, native = connection.get_state(remote.handle)
+        if portable is not None:
+            self._sklearn_model = cloudpickle.loads(portable)
+        if native is not None:
+            self._backend_state = (backend, native)  # opaque here: unpickled by a worker of that backend only
 
     def _state_blob(self, connection):
+        """(form, bytes) to push to ``connection``'s worker: the backend's own if it has it, else portable."""
         if not self._has_state():
             self._pull_state()
+        backend, native = self.__dict__.get("_backend_state", (None, None))
+        if native is not None and backend == connection.capabilities.backend:
+            return "native", native
         if "_sklearn_model" in self.__dict__:
-            return "sklearn", cloudpickle.dumps(self._sklearn_model)
-        backend, fmt, blob = self._backend_state
-        if backend != connection.capabilities.backend:
-            raise TypeError(
-                f"this {type(self).__name__} was fitted on the {backend} backend and has no "
-                f"scikit-learn form; it cannot be loaded on a {connection.capabilities.backend} worker"
-            )
-        return fmt, blob
+            return "portable", cloudpickle.dumps(self._sklearn_model)
+        raise TypeError(
+            f"this {type(self).__name__} was fitted on the {backend} backend and has no portable "
+            f"form; it cannot be loaded on a {connection.capabilities.backend} worker"
+        )
 
     @property
     def sklearn_model_(self):
-        """The fitted model as the equivalent scikit-learn estimator (pulled once).
+        """The fitted model in a form that predicts without a worker or cuML (pulled once).
 
-        None where the backend cannot convert it (cuML has no scikit-learn form
-        of some models, e.g. a multiclass SVC); fitted attributes are then read
-        from the worker one by one. A classifier's model was fitted on label
-        codes ``0..n_classes-1``; the wrapper's ``classes_`` maps them back.
+        A scikit-learn estimator, or for what scikit-learn has no class for
+        (a multiclass SVC, TargetEncoder's combination mode), one of
+        :mod:`sklearn_gpu_bridge.portable` built on scikit-learn. None where
+        there is none (UMAP without umap-learn on the worker); fitted
+        attributes are then read from the worker one by one. A classifier's
+        model was fitted on label codes ``0..n_classes-1``; the wrapper's
+        ``classes_`` maps them back.
         """
         check_is_fitted(self)
         if not self._has_state():
@@ -304,8 +312,9 @@ class RemoteEstimator(BaseEstimator):
                 and self.__sklearn_is_fitted__()):
             model = self.sklearn_model_
             if model is not None:
-                if hasattr(model, name):
-                    return getattr(model, name)
+                value = getattr(model, name, _NO_X)
+                if value is not _NO_X and not (name == "n_iter_" and value is None):  # None: no iterations
+                    return value
             else:
                 connection = get_connection()
                 try:
@@ -331,6 +340,11 @@ class RemoteEstimator(BaseEstimator):
             )
         super().__setstate__(state)
 
+
+
+@functools.lru_cache(maxsize=None)
+def _defaults(cls):
+    return cls().get_params(deep=False)
 
 
 def _state_sync():

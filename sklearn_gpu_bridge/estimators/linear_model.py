@@ -1,6 +1,32 @@
 """cuml.linear_model: linear models, declared (see spec.py)."""
 
+from scipy import sparse
+
 from .spec import remote_estimator
+
+
+class _SparseSolvers:
+    """cuML fits sparse X with some solvers only; another one is refused before sending, in cuML's words."""
+
+    _sparse_solvers = ()  #: the solvers that take sparse X
+    _sparse_refusal = ""  #: cuML's message, formatted with ``solver``
+
+    def _validate_fit(self, X, y, reset=True):
+        X, y = super()._validate_fit(X, y, reset)
+        if sparse.issparse(X) and self.solver not in self._sparse_solvers:
+            raise ValueError(self._sparse_refusal.format(solver=self.solver))
+        return X, y
+
+
+class _RidgeSparse(_SparseSolvers):
+    _sparse_solvers = ("auto", "lsmr")
+    _sparse_refusal = "solver={solver!r} doesn't support sparse X, please select solver='lsmr' or solver='auto' instead"
+
+
+class _CoordinateDescentSparse(_SparseSolvers):
+    _sparse_solvers = ("auto", "qn")
+    _sparse_refusal = "solver={solver!r} doesn't support sparse inputs, please use solver='auto' or solver='qn' instead"
+
 
 GPULinearRegression = remote_estimator(
     "LinearRegression", "regressor",
@@ -18,20 +44,20 @@ GPULogisticRegression = remote_estimator(
 GPURidge = remote_estimator(
     "Ridge", "regressor",
     "alpha=1.0, *, fit_intercept=True, solver='auto', tol=1e-4, max_iter=None, copy_X=True",
-    doc="linear least squares with l2 regularization.",
+    bases=(_RidgeSparse,), doc="linear least squares with l2 regularization.",
 )
 
 GPULasso = remote_estimator(
     "Lasso", "regressor",
     "alpha=1.0, *, fit_intercept=True, max_iter=1000, tol=1e-3, solver='auto', selection='cyclic'",
-    doc="linear model with l1 regularization (coordinate descent or quasi-Newton).",
+    bases=(_CoordinateDescentSparse,), doc="linear model with l1 regularization (coordinate descent or quasi-Newton).",
 )
 
 GPUElasticNet = remote_estimator(
     "ElasticNet", "regressor",
     "alpha=1.0, *, l1_ratio=0.5, fit_intercept=True, max_iter=1000, tol=1e-3, solver='auto', "
     "selection='cyclic'",
-    doc="linear model with combined l1 and l2 regularization.",
+    bases=(_CoordinateDescentSparse,), doc="linear model with combined l1 and l2 regularization.",
 )
 
 

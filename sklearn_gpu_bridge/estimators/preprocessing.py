@@ -13,8 +13,25 @@ _SCALER = {
     "features_out": "one-to-one",
 }
 
+class _NoSparseCentering:
+    """Centring a sparse matrix makes it dense: scikit-learn and cuML refuse it, and so does the client, first."""
+
+    def _validate_fit(self, X, y, reset=True):
+        X, y = super()._validate_fit(X, y, reset)
+        if self.with_mean and sparse.issparse(X):
+            raise ValueError("Cannot center sparse matrices: pass `with_mean=False` instead. "
+                             "See docstring for motivation and alternatives.")
+        return X, y
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.sparse = not self.with_mean  # as scikit-learn's StandardScaler says
+        return tags
+
+
 GPUStandardScaler = remote_estimator(
     "StandardScaler", "transformer", "*, copy=True, with_mean=True, with_std=True", **_SCALER,
+    bases=(_NoSparseCentering,),
     doc="remove the mean and scale to unit variance. cuML's ``fit`` takes no "
         "``sample_weight``, so neither does this one.",
 )

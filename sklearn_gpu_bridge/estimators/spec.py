@@ -113,6 +113,8 @@ def remote_estimator(name, kind, params, *, doc, features_out=None, validation=N
         "__init__": _make_init(cls_name, module, params, namespace),
         "_remote_name": name,
         "_target": target,
+        "_sparse_fit": row.sparse_fit,
+        "_sparse_call": row.sparse_call,
     }
     if validation is not None:
         attrs["_validation"] = validation
@@ -144,8 +146,16 @@ def _features_out_bases(features_out):
     if features_out == "model":
         return [ModelFeatureNames]
     if callable(features_out):
-        return [ClassNamePrefixFeaturesOutMixin]
+        return [CumlNamePrefixFeaturesOut]
     raise ValueError(f"features_out must be 'one-to-one', 'model' or a function, not {features_out!r}")
+
+
+class CumlNamePrefixFeaturesOut(ClassNamePrefixFeaturesOutMixin):
+    """Output names as cuML's (and scikit-learn's) class gives them: ``pca0``, ``kmeans3``, not ``gpupca0``."""
+
+    def get_feature_names_out(self, input_features=None):
+        check_is_fitted(self, "_n_features_out")
+        return np.asarray([f"{self._remote_name.lower()}{i}" for i in range(self._n_features_out)], dtype=object)
 
 
 class ModelFeatureNames:

@@ -15,6 +15,14 @@ of the same client name it as ``"where": "cached"``. A key the worker no
 longer holds is answered with :class:`CacheMiss`, and the client sends the
 request again in full.
 
+A sparse matrix (scipy.sparse, or CuPy's on a GPU worker) travels as its
+arrays, never densified::
+
+    {"__sparse__": {"format": "csr" | "csc" | "coo", "shape": [n, m], "container": "matrix" | "array",
+                    "data": <array>, "indices": <array>, "indptr": <array>}}     (coo: "row", "col")
+
+and is checked whole (index ranges, monotonic pointers) before it is used.
+
 A blob (opaque bytes: fitted state) is ``{"__blob__": k}`` -> ``buffers[k]``.
 Every descriptor is validated (dtype whitelist, shape x itemsize == bytes,
 index and range bounds) before any byte is read.
@@ -46,6 +54,8 @@ DTYPES = frozenset(
 )
 ARRAY = "__array__"
 BLOB = "__blob__"
+SPARSE = "__sparse__"
+SPARSE_PARTS = {"csr": ("data", "indices", "indptr"), "csc": ("data", "indices", "indptr"), "coo": ("data", "row", "col")}
 
 
 def _check_dtype(name):
@@ -234,6 +244,20 @@ class Encoder:
         indexes = list(range(first, len(self.buffers)))
         return self._marker({**desc, "where": "frame", "index": indexes[0] if len(indexes) == 1 else indexes})
 
+    def sparse(self, matrix, dtype=None, name="X"):
+        """A sparse matrix as its arrays (its data sent as ``dtype`` if given); CuPy's come to the host first."""
+        if not type(matrix).__module__.startswith("scipy"):
+            matrix = matrix.get()  # cupyx.scipy.sparse
+        fmt = matrix.format if matrix.format in SPARSE_PARTS else "csr"
+        if fmt != matrix.format:
+            matrix = matrix.asformat(fmt)
+        container = "array" if type(matrix).__name__.endswith("_array") else "matrix"
+        parts = {part: getattr(matrix, part) for part in SPARSE_PARTS[fmt]}
+        out = {"format": fmt, "shape": list(matrix.shape), "container": container}
+        for part, values in parts.items():
+            out[part] = self.array(np.asarray(values), dtype if part == "data" else None, name)
+        return {SPARSE: out}
+
     def device_array(self, arr):
         """A CuPy array: copied from the device straight into its pool block when it has one."""
         nbytes = arr.nbytes
@@ -283,9 +307,20 @@ def _encode_dict(encoder, value):
 
 
 #: how a value of each type is written (the type's MRO is searched, first match wins)
+def _encode_as_dtype(encoder, value):
+    write = encoder.sparse if is_sparse(value.array) else encoder.array
+    return write(value.array, value.dtype, value.name)
+
+
+def is_sparse(value):
+    """scipy.sparse or cupyx.scipy.sparse, told without importing either."""
+    return getattr(value, "format", None) in ("csr", "csc", "coo", "bsr", "dia", "lil", "dok") \
+        and hasattr(value, "tocoo")
+
+
 ENCODERS = {
     np.ndarray: Encoder.array,
-    AsDtype: lambda encoder, v: encoder.array(v.array, v.dtype, v.name),
+    AsDtype: _encode_as_dtype,
     np.generic: lambda encoder, v: v.item(),
     list: _encode_sequence,
     tuple: _encode_sequence,
@@ -294,6 +329,8 @@ ENCODERS = {
 
 
 def _encoder_for(value):
+    if is_sparse(value):  # first: a DOK matrix is also a dict
+        return Encoder.sparse
     for cls in type(value).__mro__:
         write = ENCODERS.get(cls)
         if write is not None:
@@ -332,10 +369,48 @@ class Decoder:
                 return self._array(value[ARRAY])
             if len(value) == 1 and BLOB in value:
                 return frame_buffer(self._buffer_at(value[BLOB]))
+            if len(value) == 1 and SPARSE in value:
+                return self._sparse(value[SPARSE])
             return {k: self.decode(v) for k, v in value.items()}
         if isinstance(value, (list, tuple)):
             return type(value)(self.decode(v) for v in value)
         return value
+
+    def _sparse(self, desc):
+        """A scipy sparse matrix from its arrays, checked whole before anyone computes with it."""
+        import scipy.sparse
+
+        if not isinstance(desc, dict) or desc.get("format") not in SPARSE_PARTS:
+            raise ProtocolError("a sparse matrix needs a format: csr, csc or coo")
+        fmt, shape = desc["format"], _check_shape(desc.get("shape"))
+        if len(shape) != 2:
+            raise ProtocolError("a sparse matrix has two dimensions")
+        parts = []
+        for part in SPARSE_PARTS[fmt]:
+            marker = desc.get(part)
+            if not (isinstance(marker, dict) and set(marker) == {ARRAY}):
+                raise ProtocolError(f"the sparse matrix's {part} must be an array")
+            values = self._array(marker[ARRAY])
+            if values.ndim != 1 or (part != "data" and values.dtype.kind not in "iu"):
+                raise ProtocolError(f"the sparse matrix's {part} must be a 1-d array (of integers, but data)")
+            parts.append(values)
+        kind = {"matrix": "_matrix", "array": "_array"}.get(desc.get("container", "matrix"))
+        if kind is None:
+            raise ProtocolError("a sparse container is 'matrix' or 'array'")
+        build = getattr(scipy.sparse, fmt + kind)
+        try:
+            if fmt == "coo":
+                data, row, col = parts
+                if not (len(data) == len(row) == len(col)) or (len(row) and (
+                        row.min() < 0 or row.max() >= shape[0] or col.min() < 0 or col.max() >= shape[1])):
+                    raise ValueError("row or column out of range")
+                matrix = build((data, (row, col)), shape=shape, copy=True)
+            else:  # copied: scipy and scikit-learn sort and sum a sparse matrix's arrays in place
+                matrix = build(tuple(parts), shape=shape, copy=True)
+                matrix.check_format(full_check=True)
+        except (ValueError, TypeError, IndexError) as exc:
+            raise ProtocolError(f"a malformed {fmt} matrix: {exc}") from None
+        return matrix
 
     def _buffer_at(self, index):
         if type(index) is not int or not 0 <= index < len(self.buffers):
