@@ -27,7 +27,7 @@ def main():
 W = WORKER_DEFAULTS
 
 
-@main.command()
+@main.command(short_help="Run a worker in this process, in the foreground.")
 @click.option("--bind", default=W["bind"],
               help="Where to listen: ipc (a socket in this user's private folder, for clients on this host), "
                    "a loopback address for TCP (WSL2 to Windows: PLAIN, its password derived from the key), or any "
@@ -84,7 +84,7 @@ def worker(backend, connection_file, parent_pid, log_level, **settings):
     server.start().serve_forever()
 
 
-@main.command()
+@main.command(short_help="Make a CurveZMQ keypair for a worker beyond loopback.")
 @click.argument("directory", type=click.Path(file_okay=False))
 @click.option("--name", default="worker", show_default=True, help="File names: NAME.key and NAME.key_secret.")
 @click.option("--force", is_flag=True, help="Replace key files that exist.")
@@ -104,10 +104,14 @@ def keys(directory, name, force):
     click.echo(f"public key: {public}")
 
 
-@main.command()
+@main.command(short_help="Pipeline + GridSearchCV on scikit-learn's digits, timed.")
 @click.option("--repeats", default=3, type=click.IntRange(1), help="Timed repeats per step.")
 def demo(repeats):
-    """Pipeline + GridSearchCV on a dataset shipped with scikit-learn, timed."""
+    """Pipeline + GridSearchCV on scikit-learn's digits, through the bridge and in process, timed.
+
+    With no worker configured it starts a local worker of its own (cuML where it can be imported,
+    otherwise scikit-learn on the CPU), as any Python program does.
+    """
     from .demo import run_demo
 
     run_demo(repeats=repeats)
@@ -144,7 +148,7 @@ def _print_status(result):
     click.echo(format_status(result))
 
 
-@main.command()
+@main.command(short_help="Start a worker in the background, shared by your processes.")
 @click.option("--backend", default=W["backend"], type=BACKENDS,
               help="auto: cuML when importable, otherwise scikit-learn on CPU.")
 @_connection_file_option
@@ -162,7 +166,12 @@ def _print_status(result):
               help="Measure the transport paths once ready (default: with --wsl) for transport=auto.")
 def start(backend, connection_file, log_file, log_level, threads, port, pool_dirs, use_wsl, distro, python,
           startup_timeout, measure):
-    """Start a worker in the background and wait until it is ready."""
+    """Start a worker in the background and wait until it is ready.
+
+    With the default connection file, every Python process of this user (in any environment) uses
+    this worker from then on instead of starting a local worker of its own; `sklearn-gpu-bridge stop`
+    undoes that.
+    """
     from .service import ServiceError, start as start_worker
 
     try:
@@ -177,30 +186,55 @@ def start(backend, connection_file, log_file, log_level, threads, port, pool_dir
     else:
         click.echo(f"started in {result['ready_seconds']:.1f} s:")
     _print_status(result)
+    click.echo(_users_note(result))
 
 
-@main.command()
+def _users_note(result):
+    """Who will use the worker from now on, and how not to (the default file reaches every process)."""
+    if result.get("default_file"):
+        return ("note: every Python process of this user, in any environment, now uses this worker instead of\n"
+                "      starting a local worker of its own. To opt out: sklearn-gpu-bridge stop; or point a process\n"
+                "      at another worker: set_config(connection_file=...) or SKLEARN_GPU_BRIDGE_CONNECTION_FILE.")
+    return (f"note: a process uses this worker when its connection_file setting is {result['connection_file']}\n"
+            "      (set_config(connection_file=...) or SKLEARN_GPU_BRIDGE_CONNECTION_FILE); others do not.")
+
+
+@main.command(short_help="Stop the background worker. Exit code 0 also if none ran.")
 @_connection_file_option
 @click.option("--timeout", default=15.0, type=click.FloatRange(0),
               help="Seconds to wait for a clean stop before signals.")
 def stop(connection_file, timeout):
-    """Stop the background worker (a signed shutdown request, then signals)."""
+    """Stop the background worker (a signed shutdown request, then signals).
+
+    Removes the files `start` made for it (connection file, state file); its log stays, and its
+    path is printed.
+
+    Exit code 0: stopped, or no worker was running (nothing to stop); 1: it did not stop.
+    """
     from .service import stop as stop_worker
 
     result = stop_worker(connection_file=connection_file, timeout=timeout)
     if result["how"] == "no worker: nothing to stop":
-        click.echo(f"no worker running ({result['connection_file']} does not exist)")
+        click.echo(f"no worker running ({result['connection_file']} does not exist): nothing to stop")
     elif result["stopped"]:
         click.echo(f"stopped the worker (pid {result['pid']}) by {result['how']}")
     else:
-        raise click.ClickException(f"the worker (pid {result['pid']}) did not stop")
+        raise click.ClickException(f"the worker (pid {result['pid']}) did not stop; its files are left, "
+                                   "so that `sklearn-gpu-bridge stop` can try again")
+    if result.get("log_file"):
+        click.echo(f"its log is kept: {result['log_file']}")
 
 
-@main.command()
+@main.command(short_help="Show the background worker. Exit code 0: running, 1: not.")
 @_connection_file_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (for scripts).")
 def status(connection_file, as_json):
-    """Backend, versions, GPU, handles, uptime, transport in use, log file. Exit code 1: no worker."""
+    """The background worker: backend, versions, GPU, handles, uptime, transport in use, which
+    processes use it, log file.
+
+    Exit code 0: a worker runs and answers; 1: none does (so scripts can test it:
+    `sklearn-gpu-bridge status >/dev/null || sklearn-gpu-bridge start`).
+    """
     import json
 
     from .service import status as worker_status
@@ -214,7 +248,7 @@ def status(connection_file, as_json):
         raise SystemExit(1)
 
 
-@main.command()
+@main.command(short_help="Check each link to the GPU; each failure names its fix.")
 @_connection_file_option
 @click.option("--wsl/--no-wsl", "use_wsl", default=None,
               help="Check the worker's side inside WSL2. Default: on Windows, or when `start --wsl` started it.")
@@ -226,7 +260,10 @@ def status(connection_file, as_json):
 @click.option("--quick", is_flag=True, help="Fewer and smaller transfers.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (for scripts).")
 def doctor(connection_file, use_wsl, distro, python, measure, quick, as_json):
-    """Check each link from here to the GPU; every failure prints the command that fixes it."""
+    """Check each link from here to the GPU; every failure prints the command that fixes it.
+
+    Exit code 0: no check failed (warnings allowed); 1: a check failed.
+    """
     import json
 
     from .doctor import format_check, run
@@ -242,12 +279,12 @@ def doctor(connection_file, use_wsl, distro, python, measure, quick, as_json):
         raise SystemExit(1)
 
 
-@main.group()
+@main.group(short_help="Windows: start the worker inside WSL2 at logon.")
 def autostart():
     """Windows: start the worker inside WSL2 at logon of the current user (no administrator rights)."""
 
 
-@autostart.command("install")
+@autostart.command("install", short_help="Run `start --wsl ...` at each logon (HKCU Run key).")
 @click.option("--distro", default=None, help="WSL distribution. Default: the setting wsl_distro, else WSL's default.")
 @click.option("--python", default=None, help="The worker's Python inside WSL. Default: the setting wsl_python.")
 @click.option("--backend", default=W["backend"], type=BACKENDS)
@@ -273,7 +310,7 @@ def autostart_install(distro, python, backend, log_level):
                "remove it with: sklearn-gpu-bridge autostart remove)")
 
 
-@autostart.command("remove")
+@autostart.command("remove", short_help="Remove the Run key entry; a running worker keeps running.")
 def autostart_remove():
     """Remove the Run key entry (a running worker keeps running: `sklearn-gpu-bridge stop`)."""
     from . import wsl
@@ -283,3 +320,36 @@ def autostart_remove():
     except OSError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo("autostart removed" if removed else "no autostart entry was installed")
+
+
+@main.group(short_help="Make `import cuml` work in this environment, through the bridge.")
+def alias():
+    """`import cuml` in this environment (which has no cuML) runs on the bridge's worker.
+
+    A `.pth` file in the environment's site-packages enables it at every start-up; it
+    never shadows a real cuML (install refuses where one is importable, and the alias
+    stands aside if one appears later).
+    """
+
+
+@alias.command("install", short_help="Write the .pth that enables the alias in this environment.")
+def alias_install():
+    """Write the .pth file that makes `import cuml` work in the active environment."""
+    from . import cuml_alias
+    from .errors import ConfigurationError
+
+    try:
+        path = cuml_alias.install_pth()
+    except (ConfigurationError, OSError) as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"`import cuml` now runs through the bridge in this environment ({path});\n"
+               "remove it with: sklearn-gpu-bridge alias uninstall")
+
+
+@alias.command("uninstall", short_help="Remove the alias's .pth from this environment.")
+def alias_uninstall():
+    """Remove the .pth file; `import cuml` fails again here, as it did before."""
+    from . import cuml_alias
+
+    path = cuml_alias.pth_path()
+    click.echo(f"removed {path}" if cuml_alias.uninstall_pth() else f"no alias was installed ({path})")

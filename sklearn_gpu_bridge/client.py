@@ -461,12 +461,15 @@ class Connection:
 
     # ------------------------------------------------------------ operations
 
-    def fit(self, estimator, params, method, args, kwargs, changed=()):
+    def fit(self, estimator, params, method, args, kwargs, changed=(), params_from=None):
         """Build ``estimator`` with ``params`` on the worker and run ``method``; a :class:`Fitted`.
 
         ``changed``: the parameters the user set (a worker refuses to ignore those).
+        ``params_from="sklearn"``: ``params`` are scikit-learn's class's (accel), mapped on the worker.
         """
         header = {"op": "fit", "estimator": estimator, "method": method, "changed": list(changed)}
+        if params_from is not None:
+            header["params_from"] = params_from
         blobs = None
         try:
             header["params"] = to_plain(params)

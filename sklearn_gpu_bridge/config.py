@@ -19,6 +19,8 @@ from contextlib import contextmanager
 ENV_PREFIX = "SKLEARN_GPU_BRIDGE_"
 #: environment prefix of the worker's options, whichever command starts it
 WORKER_ENV_PREFIX = ENV_PREFIX + "WORKER"
+#: set (to "1") by accel in a process and the ones it starts: their scikit-learn classes are served
+ENV_ACCEL = ENV_PREFIX + "ACCEL"
 #: the file a process's connection goes to; set for child processes (joblib) to find the same worker
 ENV_CONNECTION_FILE = ENV_PREFIX + "CONNECTION_FILE"
 

@@ -6,6 +6,7 @@ Runs on whatever worker is configured, or on a local worker started for it
 
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import joblib
@@ -38,12 +39,17 @@ def run_demo(repeats=3, echo=print):
     echo(f"digits: {X_train.shape[0]} training and {X_test.shape[0]} test images of {X.shape[1]} pixels")
 
     start = time.perf_counter()
-    connection = get_connection()
+    with warnings.catch_warnings():  # said once below, in the demo's words
+        warnings.filterwarnings("ignore", message=".*running on scikit-learn", category=RuntimeWarning)
+        connection = get_connection()
     status = connection.status()
     versions = status["versions"]
     echo(f"worker: backend {status['backend']} at {status['address']} (ready in "
          f"{time.perf_counter() - start:.2f} s); " + ", ".join(f"{k} {v}" for k, v in versions.items()))
     echo(f"arrays travel through: {'the shared-memory pool' if connection.pool else 'ZeroMQ frames'}")
+    if status["backend"] != "cuml":
+        echo("note: no cuML here, so the worker runs scikit-learn on the CPU (same protocol); "
+             "the GPU needs a worker with cuML: sklearn-gpu-bridge doctor")
 
     bridged = Pipeline([("sc", GPUStandardScaler()), ("pca", GPUPCA(n_components=40)), ("svm", GPUSVC())])
     direct = Pipeline([("sc", StandardScaler()), ("pca", PCA(n_components=40)),

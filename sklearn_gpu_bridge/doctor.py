@@ -173,7 +173,8 @@ def _check_environment(add, probe, python, distro, use_wsl):
     where = f"WSL {probe.get('distro') or distro or ''}".strip() if use_wsl else "here"
     add("worker Python", "ok", f"{python} -> {probe['executable']} (Python {probe['python']}, {where})")
     versions, errors = probe.get("versions", {}), probe.get("errors", {})
-    install = service.install_command(python, distro=distro, use_wsl=use_wsl)
+    gpus = probe.get("gpus") or []
+    install = service.install_command(python, distro=distro, use_wsl=use_wsl, cuml=bool(gpus))
     if "sklearn_gpu_bridge" in errors:
         add("sklearn-gpu-bridge (worker)", "fail", errors["sklearn_gpu_bridge"], install)
     elif versions.get("sklearn_gpu_bridge") != __version__:
@@ -183,10 +184,10 @@ def _check_environment(add, probe, python, distro, use_wsl):
         add("sklearn-gpu-bridge (worker)", "ok", versions["sklearn_gpu_bridge"])
     if "cuml" in errors:
         add("cuML", "warn", f"not importable ({errors['cuml']}): the worker would run scikit-learn on the CPU",
-            install + "   (for CUDA 13: [worker-cu13])")
+            (service.install_command(python, distro=distro, use_wsl=use_wsl) + "   (for CUDA 13: [worker-cu13])")
+            if gpus else "needs an NVIDIA GPU first (below); until then the worker runs scikit-learn")
     else:
         add("cuML", "ok", versions.get("cuml", "?"))
-    gpus = probe.get("gpus") or []
     if gpus:
         add("GPU", "ok", "; ".join(f"{g['name']} ({g['memory']}, driver {g['driver']})" for g in gpus))
     else:
@@ -199,7 +200,12 @@ def _check_connection(add, connection_file, start_fix, restart):
     """The connection file: there, readable, owner-only; its info or None."""
     path = Path(connection_file)
     if not path.exists():
-        add("connection file", "fail", f"{path} does not exist (no worker started)", start_fix)
+        if path == service.default_connection_file() and get_config()["start_local_worker"]:
+            # Not a fault: with no background worker each process starts a local worker of its own.
+            add("connection file", "ok", f"none at {path}: no background worker, so each Python process "
+                "starts a local worker of its own on its first GPU* call", f"for one shared worker: {start_fix}")
+        else:
+            add("connection file", "fail", f"{path} does not exist (no worker started)", start_fix)
         return None
     try:
         info = read_connection_file(path)

@@ -49,6 +49,14 @@ class CacheMiss(BridgeError):
     """
 
 
+class NotOnWorker(BridgeError, ValueError):
+    """The worker cannot run this estimator as scikit-learn configured it (accel: it runs on the CPU instead).
+
+    A cuML worker raises it where cuML's own conversion of scikit-learn's
+    parameters says ``UnsupportedOnGPU``.
+    """
+
+
 class RemoteError(BridgeError):
     """An error on the worker whose type cannot be rebuilt on the client."""
 

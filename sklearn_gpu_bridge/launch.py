@@ -9,6 +9,7 @@ warm). It runs in a private working folder, with ``-P`` where Python has it,
 so that nothing in the folder it starts from is imported as a module.
 """
 
+import os
 import shlex
 import signal
 import subprocess
@@ -17,7 +18,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .config import WORKER_DEFAULTS
+from .config import ENV_ACCEL, WORKER_DEFAULTS
 from .connect import read_connection_file
 from .errors import ConfigurationError, WorkerUnavailable
 from .host import open_append_private
@@ -59,7 +60,10 @@ def spawn(argv, log_file, *, cwd, detached=False, windows=False, creationflags=0
         stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
         log.write(f"---- {stamp} starting: {shlex.join(map(str, argv))}\n".encode())
         log.flush()
-        kwargs = {"stdin": subprocess.DEVNULL, "stdout": log, "stderr": subprocess.STDOUT, "cwd": str(cwd)}
+        # never accel in a worker: its scikit-learn must be scikit-learn itself, not served by a worker
+        env = {k: v for k, v in os.environ.items() if k != ENV_ACCEL}
+        kwargs = {"stdin": subprocess.DEVNULL, "stdout": log, "stderr": subprocess.STDOUT, "cwd": str(cwd),
+                  "env": env}
         if windows:
             kwargs["creationflags"] = creationflags
         elif detached:

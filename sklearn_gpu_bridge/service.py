@@ -22,6 +22,7 @@ them too.
 import json
 import os
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -40,7 +41,7 @@ from .launch import spawn, wait_ready, worker_argv
 from .measure import measure as measure_transports
 from .progress import format_seconds, waiting
 from .protocol import Session, new_id
-from .statefile import read_state, write_state
+from .statefile import read_state, state_path, write_state
 from .transport_choice import candidates_for, choose, client_transport, current_record, record
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -299,9 +300,14 @@ def _wsl_launch(connection_file, *, backend, log_level, threads, bind, port, poo
     return argv, state
 
 
-def install_command(python, *, distro=None, use_wsl=False):
-    """The command that installs this version of the package for the worker's Python."""
-    pip = f'{python} -m pip install "sklearn-gpu-bridge[worker-cu12]=={__version__}"'
+def install_command(python, *, distro=None, use_wsl=False, cuml=True):
+    """The command that installs this version of the package for the worker's Python.
+
+    ``cuml``: with the ``worker-cu12`` extra (cuML for CUDA 12), which is only of use
+    where an NVIDIA GPU is; without it, the package alone (the scikit-learn backend).
+    """
+    extra = "[worker-cu12]" if cuml else ""
+    pip = f'{python} -m pip install "sklearn-gpu-bridge{extra}=={__version__}"'
     if use_wsl:
         return f"wsl{' -d ' + distro if distro else ''} -- {pip}"
     return pip
@@ -311,14 +317,23 @@ def install_command(python, *, distro=None, use_wsl=False):
 
 
 def stop(*, connection_file=None, timeout=STOP_TIMEOUT):
-    """Stop the worker at ``connection_file``: shutdown request, then signals. Returns what was done."""
+    """Stop the worker at ``connection_file``: shutdown request, then signals. Returns what was done.
+
+    Once it is gone, the files ``start`` made for it go too (connection file,
+    state file with its transport measurements, a socket a killed worker left,
+    an empty pool folder); its log stays, for a look at what happened, and the
+    result names it (``log_file``). A worker that will not stop keeps its files,
+    so that ``stop`` can be run again.
+    """
     connection_file = resolve_connection_file(connection_file)
     state = read_state(connection_file)
     info = _read_info(connection_file)
     result = {"connection_file": str(connection_file), "stopped": False, "how": None,
-              "pid": info.pid if info else state.get("pid")}
+              "pid": info.pid if info else state.get("pid"), "log_file": _log_file(connection_file, state),
+              "removed": []}
     if info is None and (not state.get("pid") or state.get("stopped_at")):
         result["how"] = "no worker: nothing to stop"
+        result["removed"] = _remove_files(connection_file, state, None, connection=False)  # a stale state file
         return result
     asked = info is not None and quick_request(info, "shutdown", timeout=min(3.0, timeout or 3.0)) is not None
     with waiting("stopping the worker"):
@@ -327,13 +342,49 @@ def stop(*, connection_file=None, timeout=STOP_TIMEOUT):
         else:
             result.update(stopped=_signal_stop(connection_file, state, info, min(5.0, timeout or 5.0)),
                           how="signals")
-    Path(connection_file).unlink(missing_ok=True)
-    if state:  # keep where the log is (a later `status` still shows it), drop the rest
-        write_state(connection_file, {
-            "log_file": state.get("log_file"), "wsl": state.get("wsl"),
-            "stopped_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        })
+    if result["stopped"]:
+        result["removed"] = _remove_files(connection_file, state, info)
     return result
+
+
+def _log_file(connection_file, state):
+    """The worker's log: as the state file says, else the default log file if there is one."""
+    if state.get("log_file"):
+        return state["log_file"]
+    log_file = default_log_file(connection_file)
+    return str(log_file) if log_file.exists() else None
+
+
+def _remove_files(connection_file, state, info, connection=True):
+    """Remove what ``start`` left for a worker that is gone, but its log; the paths removed.
+
+    ``connection``: the connection file too (not when it could not be read:
+    it may be no worker's file at all).
+    """
+    paths = [state_path(connection_file)]
+    if connection:
+        paths.append(Path(connection_file))
+    if info is not None and info.address.startswith("ipc://") and os.name == "posix":
+        sock = Path(info.address[len("ipc://"):])  # a clean stop removes it; a killed worker leaves it
+        try:
+            if stat.S_ISSOCK(sock.lstat().st_mode) and sock.lstat().st_uid == os.getuid():
+                paths.append(sock)
+        except OSError:
+            pass
+    removed = []
+    for path in paths:
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            continue
+        removed.append(str(path))
+    if state.get("wsl"):  # the pool folder `start --wsl` made, once no client's pool file is left in it
+        try:
+            (Path(connection_file).parent / "pool").rmdir()
+            removed.append(str(Path(connection_file).parent / "pool"))
+        except OSError:
+            pass
+    return removed
 
 
 def _local_pid(state, info):
@@ -374,7 +425,9 @@ def status(*, connection_file=None):
     connection_file = resolve_connection_file(connection_file)
     state = read_state(connection_file)
     result = {"connection_file": str(connection_file), "running": False,
-              "log_file": state.get("log_file"), "wsl": state.get("wsl")}
+              "log_file": _log_file(connection_file, state), "wsl": state.get("wsl"),
+              "default_file": connection_file == default_connection_file(),
+              "start_local_worker": get_config()["start_local_worker"]}
     info = _read_info(connection_file)
     if info is None:
         result["problem"] = f"no connection file at {connection_file}"
@@ -423,12 +476,30 @@ def _duration(seconds):
     return format_seconds(seconds or 0)
 
 
+def used_by(result):
+    """Which client processes use the worker at ``result["connection_file"]``.
+
+    Said out loud because it is easy to miss: clients read the default
+    connection file whenever they have no other setting, so a worker started
+    there serves every Python process of this user, in any environment.
+    """
+    if result.get("default_file"):
+        return (f"by default, every Python process of this user, in any environment "
+                f"(default connection file {result['connection_file']})")
+    return ("processes whose connection_file setting names this file "
+            "(set_config(connection_file=...) or SKLEARN_GPU_BRIDGE_CONNECTION_FILE)")
+
+
 def format_status(result):
     """``status`` as aligned lines of text."""
     rows = []
     if not result.get("running"):
         rows.append(("worker", f"not running: {result.get('problem', '?')}"))
-        rows.append(("start one", "sklearn-gpu-bridge start" + (" --wsl" if result.get("wsl") else "")))
+        wsl_hint = result.get("wsl") or sys.platform == "win32"
+        rows.append(("start one", "sklearn-gpu-bridge start" + (" --wsl" if wsl_hint else "")))
+        if result.get("default_file") and result.get("start_local_worker"):
+            rows.append(("until then", "the first GPU* call of each Python process starts a local worker of "
+                         "its own, which stops when that process exits"))
     else:
         rows.append(("worker", f"running, pid {result['pid']}, up {_duration(result.get('uptime'))}"))
         rows.append(("address", f"{result['address']} (protocol {result['protocol_version']}"
@@ -463,6 +534,7 @@ def format_status(result):
                 else:
                     parts.append(f"{r['name']} unusable")
             rows.append(("measured", ", ".join(parts) + f" -> {measured.get('choice')}"))
+        rows.append(("used by", used_by(result)))
     rows.append(("connection", result.get("connection_file")))
     rows.append(("log file", result.get("log_file") or "- (not started by `sklearn-gpu-bridge start`)"))
     if result.get("wsl"):

@@ -28,10 +28,11 @@ SHARED_CORE = {
     "sklearn_gpu_bridge.translate", "sklearn_gpu_bridge.host", "sklearn_gpu_bridge.connect",
     "sklearn_gpu_bridge.keys", "sklearn_gpu_bridge.parallel", "sklearn_gpu_bridge.protocol",
     "sklearn_gpu_bridge.protocol.arrays", "sklearn_gpu_bridge.protocol.ops", "sklearn_gpu_bridge.protocol.session",
-    "sklearn_gpu_bridge.shm", "sklearn_gpu_bridge.shm.pool",
+    "sklearn_gpu_bridge.shm", "sklearn_gpu_bridge.shm.pool", "sklearn_gpu_bridge.portable",
 }
 #: command-line entry points: may import both sides
-ENTRY_POINTS = {"sklearn_gpu_bridge.cli", "sklearn_gpu_bridge.__main__", "sklearn_gpu_bridge.worker.__main__"}
+ENTRY_POINTS = {"sklearn_gpu_bridge.cli", "sklearn_gpu_bridge.__main__", "sklearn_gpu_bridge.worker.__main__",
+                "sklearn_gpu_bridge.accel.__main__"}
 
 
 def _modules():

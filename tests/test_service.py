@@ -23,7 +23,7 @@ from click.testing import CliRunner
 import sklearn_gpu_bridge
 from sklearn_gpu_bridge import doctor, service
 from sklearn_gpu_bridge.host import exited
-from sklearn_gpu_bridge.statefile import read_state
+from sklearn_gpu_bridge.statefile import read_state, state_path
 from sklearn_gpu_bridge.cli import main as cli_main
 from sklearn_gpu_bridge.connect import read_connection_file
 from sklearn_gpu_bridge.host import pid_alive
@@ -197,6 +197,8 @@ def test_stop_then_status_then_stop_again(background):
     assert run.returncode == 0, run.stderr
     assert f"stopped the worker (pid {pid}) by shutdown request" in run.stdout
     assert _wait_gone(pid) and not background.connection_file.exists()
+    assert not state_path(background.connection_file).exists()  # what start made goes, but the log
+    assert f"its log is kept: {background.log_file}" in run.stdout
     assert "worker stopped" in background.log_file.read_text()
     status = service.status(connection_file=background.connection_file)
     assert not status["running"] and status["log_file"] == str(background.log_file)  # the log outlives the worker

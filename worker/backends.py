@@ -18,6 +18,7 @@ import cloudpickle
 import numpy as np
 
 from sklearn_gpu_bridge.catalogue import NEUTRAL, lookup
+from sklearn_gpu_bridge.errors import NotOnWorker
 from sklearn_gpu_bridge.translate import to_sklearn
 
 from . import forms
@@ -103,6 +104,10 @@ class Backend:
     def _translate(self, name, params):
         return params
 
+    def create_from_sklearn(self, name, params):
+        """An unfitted estimator that does what scikit-learn's class does with ``params`` (accel)."""
+        return _load(lookup(name).sklearn)(**params)
+
     def export_state(self, estimator):
         """(portable bytes or None, native bytes or None) of a fitted estimator."""
         return cloudpickle.dumps(estimator), None
@@ -182,6 +187,23 @@ class CumlBackend(Backend):
                  and (name not in forms.BUILDERS or name == "SVC") and name != "IsolationForest")
         return (None if portable is None else cloudpickle.dumps(portable),
                 None if exact else cloudpickle.dumps(estimator))
+
+    def create_from_sklearn(self, name, params):
+        """cuML's class, with scikit-learn's parameters mapped by cuML's own ``_params_from_cpu`` (as
+        cuml.accel does); what cuML cannot run is NotOnWorker, and the client runs it on its CPU."""
+        from cuml.internals.interop import UnsupportedOnGPU
+
+        model, cls = super().create_from_sklearn(name, params), self.estimator_class(name)
+        try:
+            if hasattr(cls, "_params_from_cpu"):
+                return cls(**cls._params_from_cpu(model))
+            accepted = parameter_names(cls)
+            unknown = sorted(k for k in params if k not in accepted)
+            if unknown:
+                raise UnsupportedOnGPU(f"parameters {unknown} have no cuML counterpart")
+            return cls(**params)
+        except UnsupportedOnGPU as exc:
+            raise NotOnWorker(f"{name}: {exc}") from None
 
     def import_state(self, name, form, blob):
         cls = self.estimator_class(name)

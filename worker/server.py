@@ -565,7 +565,13 @@ class Worker:
         changed = header.get("changed", [])
         if not isinstance(changed, list):
             raise ProtocolError("'changed' must be a list of parameter names")
-        estimator, dropped = self.backend.create(name, self._params(header, buffers), changed)
+        params_from = header.get("params_from")
+        if params_from == "sklearn":  # accel: scikit-learn's class's parameters, mapped as cuML maps them
+            estimator, dropped = self.backend.create_from_sklearn(name, self._params(header, buffers)), []
+        elif params_from is None:
+            estimator, dropped = self.backend.create(name, self._params(header, buffers), changed)
+        else:
+            raise ProtocolError(f"unknown params_from {params_from!r}")
         with self.backend.output_context(method):
             result = getattr(estimator, method)(*args, **kwargs)
         handle = self.handles.add(estimator, name, header["client"])

@@ -87,6 +87,8 @@ class RemoteEstimator(BaseEstimator):
     _records_n_samples = False
     #: sparse X that cuML's class takes in fit, and in the methods of a fitted model (the catalogue's)
     _sparse_fit = _sparse_call = False
+    #: accel: the parameters of the scikit-learn estimator this wrapper serves (None: its own)
+    _accel_params = None
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
@@ -152,7 +154,10 @@ class RemoteEstimator(BaseEstimator):
         connection = get_connection()  # no worker: WorkerUnavailable; a fit never falls back
         args = [X] + ([] if y is None else [y])
         params = self._remote_params()
-        fitted = connection.fit(self._remote_name, params, method, args, fit_kwargs, changed=self._changed())
+        if self._accel_params is None:
+            fitted = connection.fit(self._remote_name, params, method, args, fit_kwargs, changed=self._changed())
+        else:  # accel: scikit-learn's class's parameters, mapped on the worker as cuML maps them
+            fitted = connection.fit(self._remote_name, params, method, args, fit_kwargs, params_from="sklearn")
         for key in _STATE_KEYS:
             self.__dict__.pop(key, None)
         self._remote = RemoteHandle(connection, fitted.handle)
@@ -174,8 +179,11 @@ class RemoteEstimator(BaseEstimator):
 
     def _remote_params(self):
         """The parameters the worker builds its estimator with: the user's, and the wire's overrides."""
-        params = self.get_params(deep=False)
-        params.update(self._wire_params)
+        if self._accel_params is not None:
+            params = dict(self._accel_params)
+        else:
+            params = self.get_params(deep=False)
+            params.update(self._wire_params)
         if self._target == "labels" and isinstance(params.get("class_weight"), dict):
             # the worker sees label codes, so class weights are keyed by code too
             codes = {label: code for code, label in enumerate(self.classes_.tolist())}

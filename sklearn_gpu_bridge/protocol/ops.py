@@ -64,10 +64,14 @@ OPS = {
     "fit": Op(
         "work",
         request=f"estimator: catalogue name; method: fit | fit_transform | fit_predict | partial_fit; "
-                f"params: dict of plain values, or a blob marker (cloudpickle); {_ARRAYS}",
+                f"params: dict of plain values, or a blob marker (cloudpickle); changed: [param] (set by the "
+                f"user: refused rather than dropped); params_from: 'sklearn' (accel: scikit-learn's parameters, "
+                f"mapped as cuML maps them) or absent (the wrapper's, cuML's names); {_ARRAYS}",
         reply="payload: {result: the method's result (None for fit), handle: int, dropped: [param]}",
         buffers="frames of arrays; the params blob",
-        errors="the estimator's own (ValueError ...); ValueError (unknown estimator); CacheMiss; ProtocolError",
+        errors="the estimator's own (ValueError ...); ValueError (unknown estimator, or a user-set parameter "
+               "the backend lacks); NotOnWorker (accel: the worker cannot run these parameters); CacheMiss; "
+               "ProtocolError",
     ),
     "call": Op(
         "work",
@@ -85,13 +89,14 @@ OPS = {
                errors="ProtocolError; CacheMiss"),
     "get_state": Op(
         "work", request="handle: int",
-        reply="format: 'sklearn' | 'cuml' (how the blob is written); backend: the worker's",
-        buffers="reply: one blob (cloudpickle of the fitted model)", errors="KeyError (no such handle)",
+        reply="backend: the worker's; portable: bool; native: bool (which blobs follow, in that order)",
+        buffers="reply: the portable form (cloudpickle of a model that needs scikit-learn only), and/or the "
+                "native one (the backend's own pickle)", errors="KeyError (no such handle)",
     ),
     "set_state": Op(
-        "work", request="estimator: catalogue name; format: as get_state gave it; state: blob marker",
+        "work", request="estimator: catalogue name; form: 'portable' | 'native'; state: blob marker",
         reply="handle: int", buffers="one blob (cloudpickle of a fitted model)",
-        errors="ValueError / TypeError (unknown estimator, format, or a model of another class)",
+        errors="ValueError / TypeError (unknown estimator, form, or a model of another class)",
     ),
 }
 

@@ -1,0 +1,333 @@
+"""Existing code, unchanged: scikit-learn scripts under accel, and ``import cuml`` without cuML.
+
+Scripts run in fresh interpreters (``python -m sklearn_gpu_bridge.accel``)
+against the session's worker, and their output is compared with the same
+script under plain Python; in-process tests install accel and take it out
+again. On the scikit-learn backend the answers are scikit-learn's exactly;
+on a cuML worker within cuML's float32 tolerances (labels nearly all).
+"""
+
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+
+import joblib
+import numpy as np
+import pytest
+from sklearn.base import clone
+from sklearn.cluster import KMeans
+from sklearn.datasets import load_iris, make_blobs, make_classification
+from sklearn.linear_model import LogisticRegression
+from sklearn.model_selection import GridSearchCV
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
+from sklearn.svm import SVC
+
+import sklearn_gpu_bridge
+from sklearn_gpu_bridge import accel, cuml_alias
+from sklearn_gpu_bridge.accel import report, serve
+from sklearn_gpu_bridge.catalogue import ESTIMATORS
+
+from .conftest import BACKEND
+
+SCRIPT = textwrap.dedent("""
+    import sys
+    import joblib, numpy as np
+    from sklearn.cluster import KMeans
+    from sklearn.datasets import make_blobs, make_classification
+    from sklearn.decomposition import PCA
+    from sklearn.ensemble import RandomForestClassifier
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.model_selection import GridSearchCV
+    from sklearn.neighbors import KNeighborsClassifier
+    from sklearn.pipeline import Pipeline
+    from sklearn.preprocessing import StandardScaler
+    from sklearn.svm import SVC
+
+    X, y = make_classification(n_samples=600, n_features=20, random_state=0)
+    grid = GridSearchCV(Pipeline([("sc", StandardScaler()), ("svm", SVC())]), {"svm__C": [0.1, 1, 10]}, cv=3,
+                        n_jobs=int(sys.argv[2]))
+    grid.fit(X, y)
+    print("grid", grid.best_params_, np.round(grid.cv_results_["mean_test_score"], 3).tolist())
+    pca = PCA(n_components=5).fit(X)
+    lr = LogisticRegression().fit(pca.transform(X), y)
+    print("pca+logistic", round(lr.score(pca.transform(X), y), 3))
+    print("knn", round(KNeighborsClassifier().fit(X, y).score(X, y), 3))
+    forest = RandomForestClassifier(n_estimators=20, random_state=0).fit(X, y)
+    print("forest", forest.score(X, y) > 0.95)
+    Xb, yb = make_blobs(n_samples=500, centers=3, random_state=0)
+    km = KMeans(n_clusters=3, random_state=0, n_init=3).fit(Xb)
+    print("kmeans", sorted(np.bincount(km.labels_).tolist()))
+    print("types", type(grid.best_estimator_["svm"]).__module__, type(km).__name__)
+    joblib.dump(grid.best_estimator_, sys.argv[1])
+""")
+
+QUICKSTART = textwrap.dedent("""
+    import numpy as np
+    import cuml
+    from cuml.preprocessing import StandardScaler
+    from cuml.svm import SVC
+
+    X = np.random.rand(1000, 20).astype("float32")
+    y = (X[:, 0] > 0.5).astype("float32")
+    X_s = StandardScaler().fit_transform(X)
+    model = SVC(kernel="rbf", C=1.0).fit(X_s, y)
+    print(model.predict(X_s[:5]))
+    print(cuml.__version__)
+""")
+
+
+def _python(*args, tmp_path, env=None):
+    run = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                         env={**os.environ, **(env or {})})
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run
+
+
+def _lines(text):
+    return [line for line in text.splitlines() if line and not line.startswith(("/", " "))]
+
+
+@pytest.fixture
+def accelerated():
+    """accel installed in this process for one test, then taken out (with the environment it set)."""
+    saved = dict(os.environ)
+    accel.install()
+    report.reset()
+    yield
+    accel.uninstall()
+    report.reset()
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+# ---------------------------------------------------------------- scripts, unmodified
+
+
+@pytest.mark.parametrize("n_jobs", [1, 2])
+def test_a_scikit_learn_script_runs_unmodified_with_the_same_answers(tmp_path, connection, n_jobs):
+    (tmp_path / "script.py").write_text(SCRIPT)
+    before = connection.status()["requests"].get("fit", 0)
+    served = _python("-m", "sklearn_gpu_bridge.accel", "-v", "script.py", "served.joblib", str(n_jobs),
+                     tmp_path=tmp_path)
+    plain = _python("script.py", "plain.joblib", str(n_jobs), tmp_path=tmp_path)
+    fits = connection.status()["requests"].get("fit", 0) - before
+    assert fits >= 3 * 3 * 2 + 5  # every fold's scaler and SVC (in joblib's children too), and the other five
+    got, want = _lines(served.stdout), _lines(plain.stdout)
+    if BACKEND == "sklearn":
+        assert got == want
+    else:  # cuML: the same choices; scores within a few points
+        assert got[0].split("[")[0] == want[0].split("[")[0] and got[-1] == want[-1]
+    table = served.stderr[served.stderr.index("call "):]
+    for row in ("SVC.fit", "StandardScaler.fit_transform", "PCA.fit", "LogisticRegression.fit", "KMeans.fit",
+                "KNeighborsClassifier.predict", "RandomForestClassifier.fit"):
+        line = next(line for line in table.splitlines() if line.startswith(row + " "))
+        assert int(line.split()[1]) >= 1, table  # ran on the worker
+    assert "types sklearn.svm._classes KMeans" in served.stdout
+
+
+def test_a_model_fitted_under_accel_loads_where_the_bridge_is_not_installed(tmp_path):
+    (tmp_path / "script.py").write_text(SCRIPT)
+    _python("-m", "sklearn_gpu_bridge.accel", "script.py", "served.joblib", "1", tmp_path=tmp_path)
+    check = textwrap.dedent("""
+        import sys
+        sys.modules["sklearn_gpu_bridge"] = None  # not installed, as far as this process can tell
+        sys.modules["cuml"] = None
+        import joblib, numpy as np
+        from sklearn.datasets import make_classification
+        X, y = make_classification(n_samples=600, n_features=20, random_state=0)
+        model = joblib.load("served.joblib")
+        print(type(model).__name__, model.score(X, y))
+    """)
+    out = _python("-c", check, tmp_path=tmp_path).stdout.split()
+    model = joblib.load(tmp_path / "served.joblib")  # here, accel is not installed: plain scikit-learn too
+    X, y = make_classification(n_samples=600, n_features=20, random_state=0)
+    assert out[0] == "Pipeline" and abs(float(out[1]) - model.score(X, y)) < 1e-12
+
+
+# ---------------------------------------------------------------- in process: still scikit-learn's classes
+
+
+def test_served_objects_stay_scikit_learns(accelerated, connection):
+    X, y = load_iris(return_X_y=True)
+    model = LogisticRegression(C=0.5, max_iter=500)
+    assert type(model) is LogisticRegression and repr(model) == "LogisticRegression(C=0.5, max_iter=500)"
+    before = connection.status()["requests"].get("fit", 0)
+    model.fit(X, y)
+    assert connection.status()["requests"].get("fit", 0) == before + 1
+    assert isinstance(model, LogisticRegression) and model.get_params()["C"] == 0.5
+    assert clone(model).get_params() == model.get_params() and not hasattr(clone(model), "coef_")
+    assert model.coef_.shape == (3, 4) and list(model.classes_) == [0, 1, 2]
+    loaded = pickle.loads(pickle.dumps(model))
+    assert type(loaded) is LogisticRegression
+    accel.uninstall()
+    direct = LogisticRegression(C=0.5, max_iter=500).fit(X, y)
+    np.testing.assert_array_equal(loaded.predict(X), direct.predict(X))
+    if BACKEND == "sklearn":
+        np.testing.assert_allclose(loaded.predict_proba(X), direct.predict_proba(X), rtol=1e-10, atol=1e-12)
+
+
+def test_set_output_pandas_still_works_on_a_served_transformer(accelerated):
+    pd = pytest.importorskip("pandas")
+    X = pd.DataFrame(load_iris().data, columns=list("abcd"))
+    out = StandardScaler().set_output(transform="pandas").fit_transform(X)
+    assert isinstance(out, pd.DataFrame) and list(out.columns) == list("abcd")
+    assert report.calls()["StandardScaler.fit_transform"]["worker"] == 1
+
+
+def test_labels_come_back_as_given(accelerated):
+    X, y = load_iris(return_X_y=True)
+    labels = np.array(["setosa", "versicolor", "virginica"])[y]
+    model = LogisticRegression(max_iter=500).fit(X, labels)
+    assert model.predict(X[:3]).tolist() == ["setosa"] * 3
+    assert report.calls()["LogisticRegression.predict"]["worker"] == 1
+
+
+# ---------------------------------------------------------------- per call, the CPU where the worker cannot
+
+
+def test_what_the_worker_cannot_do_runs_on_the_cpu_and_the_report_says_why(accelerated):
+    X, y = load_iris(return_X_y=True)
+    assert SVC().fit(X, y).score(X, y) > 0.9  # three classes: cuML's multiclass SVC is not scikit-learn's
+    assert "multiclass SVC" in next(iter(report.calls()["SVC.fit"]["reasons"]))
+    import scipy.sparse as sp
+
+    Xb, _ = make_blobs(n_samples=200, centers=3, random_state=0)
+    km = KMeans(n_clusters=3, n_init=2, random_state=0).fit(sp.csr_matrix(Xb))  # cuML's KMeans: dense only
+    assert km.cluster_centers_.shape == (3, 2)
+    assert "Sparse data" in next(iter(report.calls()["KMeans.fit"]["reasons"]))
+    assert report.calls()["SVC.fit"]["cpu"] == 1 and report.calls()["KMeans.fit"]["cpu"] == 1
+    assert "why on the CPU" in report.table() and "multiclass SVC" in report.table()
+
+
+def test_no_worker_at_all_runs_everything_on_the_cpu(accelerated, tmp_path):
+    X, y = make_classification(n_samples=200, n_features=6, random_state=0)
+    with sklearn_gpu_bridge.config_context(connection_file=str(tmp_path / "none.json"), start_local_worker=False):
+        sklearn_gpu_bridge.reset_connection()
+        pipe = make_pipeline(StandardScaler(), LogisticRegression()).fit(X, y)
+        served = pipe.predict(X)
+    sklearn_gpu_bridge.reset_connection()
+    accel.uninstall()
+    np.testing.assert_array_equal(served, make_pipeline(StandardScaler(), LogisticRegression()).fit(X, y).predict(X))
+    assert "WorkerUnavailable" in next(iter(report.calls()["LogisticRegression.fit"]["reasons"]))
+
+
+def test_a_search_with_threads_is_served(accelerated, connection):
+    X, y = make_classification(n_samples=300, n_features=8, random_state=1)
+    before = connection.status()["requests"].get("fit", 0)
+    with joblib.parallel_config(backend="threading", n_jobs=3):
+        search = GridSearchCV(SVC(), {"C": [0.5, 1, 2]}, cv=3).fit(X, y)
+    assert connection.status()["requests"].get("fit", 0) - before == 3 * 3 + 1
+    assert search.best_params_["C"] in (0.5, 1, 2)
+
+
+def test_ipython_extension_installs_and_adds_a_report_magic():
+    saved = dict(os.environ)
+    magics = {}
+
+    class Shell:
+        def register_magic_function(self, function, kind, name):
+            magics[name] = (function, kind)
+
+    try:
+        accel.load_ipython_extension(Shell())
+        assert accel.is_installed() and magics["accel_report"][1] == "line"
+    finally:
+        accel.uninstall()
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def test_every_served_class_is_scikit_learns_and_has_a_wrapper():
+    classes = serve.served_classes()
+    assert len(classes) >= 30
+    for name, cls in classes.items():
+        assert cls.__module__.startswith("sklearn.") and name in ESTIMATORS
+
+
+# ---------------------------------------------------------------- import cuml
+
+
+def test_the_original_quickstart_runs_through_the_cuml_alias(tmp_path):
+    (tmp_path / "quickstart.py").write_text(QUICKSTART)
+    out = _python("-m", "sklearn_gpu_bridge.accel", "quickstart.py", tmp_path=tmp_path).stdout.splitlines()
+    predictions = np.array(out[0].strip("[]").split(), dtype=np.float32)
+    assert predictions.shape == (5,) and set(predictions) <= {0.0, 1.0}  # float32 labels come back as given
+    assert out[1].startswith("26.") if BACKEND == "cuml" else "scikit-learn" in out[1]
+
+
+# every import path of cuML 26.10 that the alias serves (cuml/__init__.py and the submodules)
+IMPORT_PATHS = [("cuml", name) for name in sorted(ESTIMATORS) if name not in cuml_alias.NOT_AT_TOP_LEVEL] + [
+    (f"cuml.{row.module}", name) for name, row in sorted(ESTIMATORS.items())]
+
+
+def test_every_cuml_import_path_of_a_wrapped_class_works(tmp_path):
+    code = "import importlib\n" + "".join(
+        f"assert importlib.import_module({module!r}).{name}.__name__ == {name!r}\n" for module, name in IMPORT_PATHS)
+    code += textwrap.dedent("""
+        import cuml
+        from cuml.common import set_global_output_type, using_output_type
+        from cuml.model_selection import train_test_split
+        from cuml.metrics import accuracy_score
+        m = cuml.LogisticRegression(output_type="numpy", verbose=False, handle=None)
+        assert m.get_params()["output_type"] == "numpy" and type(m).__module__ == "cuml.linear_model"
+        print("ok", len(dir(cuml)))
+    """)
+    out = _python("-c", f"import sklearn_gpu_bridge.cuml_alias as a; a.enable()\n{code}", tmp_path=tmp_path)
+    assert out.stdout.startswith("ok")
+
+
+def test_output_types_numpy_pandas_and_input(tmp_path):
+    code = textwrap.dedent("""
+        import sklearn_gpu_bridge.cuml_alias as a; a.enable()
+        import warnings, numpy as np, pandas as pd, cuml
+        X = pd.DataFrame(np.random.default_rng(0).random((50, 3)), columns=list("abc"))
+        km = cuml.KMeans(n_clusters=2, random_state=0, n_init=1).fit(X)
+        print(type(km.predict(X)).__name__)                     # "input": pandas in, pandas out
+        print(type(km.predict(X.to_numpy())).__name__)
+        cuml.set_global_output_type("numpy"); print(type(km.predict(X)).__name__)
+        with cuml.using_output_type("pandas"): print(type(km.predict(X.to_numpy())).__name__)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            cuml.KMeans(n_clusters=2, n_init=1, output_type="cupy").fit(X).predict(X)
+        print(type(km.predict(X)).__name__, any("numpy arrays instead" in str(w.message) for w in seen))
+    """)
+    out = _python("-c", code, tmp_path=tmp_path).stdout.split()
+    assert out == ["Series", "ndarray", "ndarray", "Series", "ndarray", "True"]
+
+
+def test_the_alias_never_shadows_a_real_cuml(tmp_path):
+    fake = tmp_path / "site" / "cuml"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("REAL = True\n")
+    code = textwrap.dedent("""
+        import sklearn_gpu_bridge.cuml_alias as a; a.enable()
+        import cuml
+        print(getattr(cuml, "REAL", False), a.real_cuml_importable())
+        try:
+            a.install_pth()
+        except Exception as exc:
+            print(type(exc).__name__)
+    """)
+    out = _python("-c", code, tmp_path=tmp_path, env={"PYTHONPATH": str(tmp_path / "site")}).stdout.split()
+    assert out == ["True", "True", "ConfigurationError"]
+
+
+def test_alias_install_makes_import_cuml_work_in_the_environment_and_uninstall_removes_it(tmp_path):
+    venv = tmp_path / "env"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=120)
+    python = str(venv / "bin" / "python")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    probe = [python, "-c", "import cuml; print(cuml.__name__, cuml.__sklearn_gpu_bridge__)"]
+    assert subprocess.run(probe, capture_output=True, env=env, timeout=60).returncode != 0
+    install = subprocess.run([python, "-m", "sklearn_gpu_bridge", "alias", "install"], capture_output=True,
+                             text=True, env=env, timeout=60)
+    assert install.returncode == 0, install.stderr
+    assert str(venv) in install.stdout
+    assert subprocess.run(probe, capture_output=True, text=True, env=env, timeout=60).stdout.split() == \
+        ["cuml", "True"]
+    subprocess.run([python, "-m", "sklearn_gpu_bridge", "alias", "uninstall"], check=True, env=env, timeout=60)
+    assert subprocess.run(probe, capture_output=True, env=env, timeout=60).returncode != 0
+    assert not list(venv.rglob(cuml_alias.PTH_NAME))
