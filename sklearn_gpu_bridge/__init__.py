@@ -31,6 +31,10 @@ def __getattr__(name):
         from . import client
 
         return getattr(client, name)
+    if name == "execution_mode":
+        from .inprocess import execution_mode
+
+        return execution_mode
     if name.startswith("GPU"):
         from . import estimators
 
@@ -44,6 +48,6 @@ def __dir__():
 
 __all__ = [
     "BridgeError", "ConfigurationError", "ProtocolError", "RemoteError", "VersionMismatch", "WorkerLost",
-    "WorkerUnavailable", "config_context", "get_config", "get_connection", "reset_connection", "set_config",
+    "WorkerUnavailable", "config_context", "execution_mode", "get_config", "get_connection", "reset_connection", "set_config",
     *_wrappers(),
 ]

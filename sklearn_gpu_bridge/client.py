@@ -36,6 +36,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from .config import DEFAULTS, ENV_CONNECTION_FILE, get_config, get_setting
 from .connect import default_connection_file, read_connection_file
+from .inprocess import execution_mode
 from .errors import CacheMiss, ConfigurationError, ProtocolError, VersionMismatch, WorkerLost, WorkerUnavailable, rebuild, warning_class
 from .keys import secure
 from .local_worker import ensure_local_worker, is_local_connection_file
@@ -71,6 +72,26 @@ def _precision():
     if value not in PRECISIONS:
         raise ConfigurationError(f"precision={value!r}: choose one of {PRECISIONS}")
     return value
+
+
+def features_as_sent(args, float_dtype):
+    """``args`` with X (the first) as it travels.
+
+    float64 is cast to the worker's float dtype on its way (cuML: float32)
+    unless the ``precision`` setting is "native";
+    strings and objects (categories) go as nested lists of plain values.
+    """
+    X = args[0] if args else None
+    if not isinstance(X, np.ndarray) and not is_sparse(X):
+        return list(args)
+    if X.dtype.kind in "OUS":
+        try:
+            return [to_plain(X.tolist()), *args[1:]]
+        except TypeError as exc:
+            raise TypeError(f"values of type {exc} cannot be sent to the worker") from None
+    if X.dtype == np.float64 and float_dtype and _precision() == "float32":
+        return [AsDtype(X, float_dtype), *args[1:]]
+    return list(args)
 
 
 def start_hint(path="PATH"):
@@ -432,24 +453,7 @@ class Connection:
     # ------------------------------------------------------------ what is sent
 
     def _features(self, args):
-        """``args`` with X (the first) as it travels.
-
-        float64 is cast to the worker's float dtype on its way (cuML: float32)
-        unless the ``precision`` setting is "native";
-        strings and objects (categories) go as nested lists of plain values.
-        """
-        X = args[0] if args else None
-        if not isinstance(X, np.ndarray) and not is_sparse(X):
-            return list(args)
-        if X.dtype.kind in "OUS":
-            try:
-                return [to_plain(X.tolist()), *args[1:]]
-            except TypeError as exc:
-                raise TypeError(f"values of type {exc} cannot be sent to the worker") from None
-        float_dtype = self.capabilities.float_dtype
-        if X.dtype == np.float64 and _precision() == "float32" and float_dtype:
-            return [AsDtype(X, float_dtype), *args[1:]]
-        return list(args)
+        return features_as_sent(args, self.capabilities.float_dtype)
 
     def _out_nbytes(self, args, n_classes):
         """Room for the reply's arrays: one row per sample, as wide as X or the class scores."""
@@ -632,7 +636,7 @@ def get_connection():
             if _connection is not None and _connection.pid == os.getpid():
                 _connection.retire()  # lost: its pool files go now, not at exit
             _connection = None
-            _connection = _connect()
+            _connection = _connect_in_process() if execution_mode()["mode"] == "in_process" else _connect()
             if _exit_hook != os.getpid():
                 _exit_hook = os.getpid()
                 atexit.register(_close_at_exit)
@@ -658,6 +662,21 @@ def reset_connection():
         if _connection is not None and _connection.pid == os.getpid():
             _connection.close()
         _connection = None
+
+
+def _connect_in_process():
+    """cuML in this process (a dask-cuda worker, or execution="in_process"); said once in the log."""
+    from .inprocess import InProcess
+
+    mode = execution_mode()
+    try:
+        conn = InProcess()
+    except Exception as exc:  # noqa: BLE001 - any import failure means "no cuML here"
+        raise ConfigurationError(f"cuML in this process ({mode['reason']}) is not usable: "
+                                 f"{type(exc).__name__}: {exc}; set execution='worker' to use a bridge worker") from exc
+    log.info("sklearn-gpu-bridge: cuML %s in this process (pid %d, GPU %s): %s", conn.capabilities.versions.get("cuml"),
+             conn.pid, mode["gpu"] or "default", mode["reason"])
+    return conn
 
 
 def _connect():

@@ -62,6 +62,9 @@ DEFAULTS = {
     # float64 input to a worker that computes in float32 (cuML): "float32" sends it as float32 (half the
     # bytes, cuML's speed); "native" sends it as float64, and cuML computes in float64 as in-process cuML would
     "precision": "float32",
+    # where GPU* calls run: "auto" (cuML in this process inside a Dask worker that has cuML, dask-cuda's
+    # one GPU per worker; a bridge worker everywhere else) | "worker" | "in_process"; read at first use
+    "execution": "auto",
     # this client's CurveZMQ secret key file for a worker beyond loopback whose --curve-allow lists
     # its public key; None: the key derived from the signing key
     "curve_secret_key": None,

@@ -535,6 +535,12 @@ def format_status(result):
                     parts.append(f"{r['name']} unusable")
             rows.append(("measured", ", ".join(parts) + f" -> {measured.get('choice')}"))
         rows.append(("used by", used_by(result)))
+    execution = get_config()["execution"]
+    rows.append(("execution", {"auto": "auto: through this worker; inside a Dask worker with cuML, cuML in that "
+                               "process (client.run(sklearn_gpu_bridge.execution_mode) shows each)",
+                               "worker": "worker: always through a bridge worker",
+                               "in_process": "in_process: cuML in each client process; no worker is used"}
+                 .get(execution, execution)))
     rows.append(("connection", result.get("connection_file")))
     rows.append(("log file", result.get("log_file") or "- (not started by `sklearn-gpu-bridge start`)"))
     if result.get("wsl"):
