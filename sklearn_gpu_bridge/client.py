@@ -524,6 +524,11 @@ class Connection:
         return {k: v for k, v in reply.items() if k not in ("op", "id", "parent", "worker_span")}
 
     @property
+    def last_stamps(self):
+        """This thread's last request as CLOCK_MONOTONIC stamps: (sent, received, worker's [arrived, replied])."""
+        return getattr(self._local, "timing", None)
+
+    @property
     def last_timing(self):
         """This thread's last request, in seconds: (to the worker, on the worker, back), or None.
 

@@ -39,26 +39,45 @@ def run_chunks(function, pieces):
     return [future.result() for future in [executor.submit(function, *piece) for piece in pieces]]
 
 
+BLOCK = 1 << 20  # bytes: a checked copy sums each block while it is still in cache
+
+
 def _copy_chunk(target, source):
     with np.errstate(over="raise"):  # numpy's error state is per thread: set it in each
         np.copyto(target, source, casting="same_kind")
 
 
-def copy_into(target, source):
+def _copy_chunk_checked(target, source):
+    """Copy, and whether the copied values sum to a finite number, block by block: one pass over memory."""
+    step = max(1, BLOCK // max(target.itemsize, source.itemsize))
+    total = 0.0
+    with np.errstate(over="raise"):
+        for at in range(0, target.size, step):
+            block = target[at : at + step]
+            np.copyto(block, source[at : at + step], casting="same_kind")
+            total += float(block.sum())
+    return bool(np.isfinite(total))
+
+
+def copy_into(target, source, check_finite=False):
     """``target[...] = source`` for two arrays of one shape and memory order, casting on the way.
 
     A float64 -> float32 cast that overflows raises FloatingPointError (the
     caller words the error). Large arrays are copied in chunks on all cores.
+    ``check_finite``: also sum what was copied, in the same pass (scikit-learn's
+    fast finite test); returns whether every sum is finite (else None).
     """
     order = "F" if source.flags.f_contiguous and not source.flags.c_contiguous else "C"
     flat_target, flat_source = target.reshape(-1, order=order), source.reshape(-1, order=order)
+    copy = _copy_chunk_checked if check_finite else _copy_chunk
     threads, step = _chunks(max(flat_source.nbytes, flat_target.nbytes))
     if threads == 1:
-        _copy_chunk(flat_target, flat_source)
-        return
-    step = -(-flat_source.size // threads)
-    run_chunks(_copy_chunk, [(flat_target[at : at + step], flat_source[at : at + step])
-                       for at in range(0, flat_source.size, step)])
+        results = [copy(flat_target, flat_source)]
+    else:
+        step = -(-flat_source.size // threads)
+        results = run_chunks(copy, [(flat_target[at : at + step], flat_source[at : at + step])
+                                    for at in range(0, flat_source.size, step)])
+    return all(results) if check_finite else None
 
 
 def all_sums_finite(X):

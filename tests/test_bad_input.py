@@ -30,11 +30,13 @@ import warnings
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from sklearn.utils import assert_all_finite
 
 import sklearn_gpu_bridge
 from sklearn_gpu_bridge import GPUKMeans, GPULogisticRegression, GPUPCA, GPUStandardScaler, GPUSVC
 from sklearn_gpu_bridge.catalogue import lookup
 from sklearn_gpu_bridge.protocol import AsDtype, Decoder, Encoder
+from sklearn_gpu_bridge.protocol.arrays import defer_finite_check
 from sklearn_gpu_bridge.shm import SLOT_SIZE, Pool
 from sklearn_gpu_bridge.worker.backends import SklearnBackend
 
@@ -300,10 +302,13 @@ def test_large_arrays_checked_in_parallel_give_scikit_learns_error_before_sendin
     with pytest.raises(ValueError) as expected:
         PCA(n_components=2).fit(X)
     before = connection.status()["requests"]
+    held = connection.pool.slots_in_use if connection.pool is not None else 0
     with pytest.raises(ValueError) as got:
         GPUPCA(n_components=2).fit(X)
     assert _message(got.value, "GPUPCA", "PCA") == str(expected.value)
     assert "fit" not in _sent(connection, before)
+    if connection.pool is not None:  # the block the checked copy had filled is given back
+        assert connection.pool.slots_in_use == held
 
 
 @pytest.mark.parametrize("rows", [1000, 200_000])  # inline; a pool block or a frame (each in parallel chunks)
@@ -328,4 +333,44 @@ def test_float64_too_large_for_a_float32_worker_is_scikit_learns_error(rows, poo
     with pytest.raises(ValueError, match=r"Input X contains infinity or a value too large for dtype\('float32'\)"):
         encode(X)
     if pool is not None:
+        pool.close()
+
+
+@pytest.mark.parametrize("pooled", [True, False], ids=["pool", "frames"])
+def test_a_deferred_finite_check_runs_in_the_copy_that_sends_and_releases_the_block(pooled, tmp_path):
+    """Large arrays are summed block by block as they are copied into the pool (one pass), or before they
+    go as frames; a failure words scikit-learn's error; NaN passes where the estimator allows it."""
+    pool = Pool(str(tmp_path)) if pooled else None
+    taken = []
+
+    def place(n):
+        block = pool.allocate(n)
+        taken.append(block)
+        return block.segment, block.offset, block.buffer()
+
+    def refuse(array):
+        assert_all_finite(array, allow_nan=False, input_name="X")
+
+    def allow_nan(array):
+        assert_all_finite(array, allow_nan=True, input_name="X")
+
+    X = np.random.default_rng(5).standard_normal((600_000, 4))  # 19 MB: parallel chunks
+    X[123_456, 2] = np.nan
+    with pytest.raises(ValueError, match="Input X contains NaN"):
+        encoder = Encoder(place if pooled else None)
+        try:
+            encoder.encode(AsDtype(defer_finite_check(X, refuse), "float32"))
+        finally:
+            for block in taken:
+                block.release()
+    encoder = Encoder(place if pooled else None)
+    marker = encoder.encode(AsDtype(defer_finite_check(X, allow_nan), "float32"))  # NaN allowed: sent as it is
+    read_pool = (lambda seg, off, n: pool._segments[seg].view[off : off + n]) if pooled else None
+    sent = Decoder({"arrays": encoder.arrays}, encoder.buffers, read_pool=read_pool).decode(marker)
+    assert sent.dtype == np.float32 and np.isnan(sent[123_456, 2])
+    assert_same(sent[:1000], X[:1000].astype(np.float32))
+    assert encoder.arrays[0]["where"] == ("pool" if pooled else "frame")
+    if pool is not None:
+        for block in taken:
+            block.release()
         pool.close()

@@ -132,6 +132,10 @@ class Backend:
     def warm_up(self):
         """Pay one-time set-up costs before the worker reports ready."""
 
+    def memory_budget(self):
+        """Bytes of device memory that requests running at once may use (None: no limit, host memory)."""
+        return None
+
 
 class SklearnBackend(Backend):
     name = "sklearn"
@@ -235,6 +239,17 @@ class CumlBackend(Backend):
         except Exception:  # noqa: BLE001 - informative only
             log.debug("could not query the GPU", exc_info=True)
         return versions
+
+    def memory_budget(self):
+        """Nine tenths of the device memory free now (before any request): what requests share."""
+        try:
+            import cupy
+
+            free, _ = cupy.cuda.Device().mem_info
+            return int(free * 0.9)
+        except Exception:  # noqa: BLE001 - no reading: no admission control
+            log.warning("could not read the GPU's free memory; requests are not admitted by memory", exc_info=True)
+            return None
 
     def warm_up(self):
         rng = np.random.default_rng(0)

@@ -19,11 +19,23 @@ FORGET_AFTER = 10_000  # clients remembered with no work waiting, at most
 
 
 class FairQueue:
-    """Round robin over clients' queues, served by ``threads`` threads that call ``run(item)``."""
+    """Round robin over clients' queues, served by ``threads`` threads that call ``run(item)``.
 
-    def __init__(self, run, threads=1, max_queued=64):
+    With ``cost(item)`` (bytes of device memory a request may need) and a
+    ``budget`` (bytes), requests run at once only while their costs fit in the
+    budget: one that does not fit waits until running ones finish (the first
+    always runs, however large). Many clients then share one GPU without
+    running it out of memory.
+    """
+
+    def __init__(self, run, threads=1, max_queued=64, cost=None, budget=None):
         self.run = run
         self.max_queued = max_queued
+        self.cost = cost if budget else None
+        self.budget = budget
+        self.in_use = 0  # the costs of the requests running now
+        self.running = 0
+        self.peak = 0  # the most requests that ran at once (status)
         self._queues = {}  # client -> deque of items; a client is here only while it has work
         self._served = {}  # client -> when it was last served (a tick); kept after its queue empties
         self._ticks = itertools.count(1)
@@ -56,6 +68,10 @@ class FairQueue:
             self._served.pop(client, None)
             return list(self._queues.pop(client, ()))
 
+    @property
+    def threads(self):
+        return len(self._threads)
+
     def waiting(self):
         with self._ready:
             return sum(len(q) for q in self._queues.values())
@@ -79,11 +95,33 @@ class FairQueue:
             self._served[client] = next(self._ticks)  # its next request waits for the others' turns
             if not queue:
                 del self._queues[client]
-            return item
+            cost = self._admit(item)
+            self.running += 1
+            self.peak = max(self.peak, self.running)
+            return item, cost
+
+    def _admit(self, item):
+        """Wait (holding no client's turn but this one) until ``item``'s cost fits beside the running ones."""
+        if self.cost is None:
+            return 0
+        try:
+            cost = max(0, int(self.cost(item)))
+        except Exception:  # noqa: BLE001 - a request whose size cannot be read costs nothing here
+            cost = 0
+        while self.running and self.in_use + cost > self.budget and not self._closed:
+            self._ready.wait()
+        self.in_use += cost
+        return cost
 
     def _serve(self):
-        while (item := self._next()) is not None:
+        while (taken := self._next()) is not None:
+            item, cost = taken
             try:
                 self.run(item)
             except Exception:  # noqa: BLE001 - a bug must not kill the thread that serves everyone
                 log.exception("a request failed in the scheduler")
+            finally:
+                with self._ready:
+                    self.running -= 1
+                    self.in_use -= cost
+                    self._ready.notify_all()

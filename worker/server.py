@@ -21,6 +21,7 @@ loop.
 import cProfile
 import ipaddress
 import logging
+import math
 import os
 import pstats
 import re
@@ -66,6 +67,8 @@ from .scheduler import FairQueue
 log = logging.getLogger("sklearn_gpu_bridge.worker")
 
 # a public fitted attribute: lower case, trailing underscore (coef_, n_iter_)
+#: device memory a request may need, as a multiple of its input: admission waits while it does not fit
+DEVICE_MEMORY_FACTOR = 4
 FITTED_ATTRIBUTE = re.compile(r"^[a-z][a-z0-9_]*_$")
 ALIGN = 64
 SWEEP_SECONDS = 1.0
@@ -150,7 +153,9 @@ class Worker:
         self.handles = HandleTable()
         cache_bytes = int(array_cache_mb * (1 << 20))
         self.array_cache = ArrayCache(cache_bytes) if cache_bytes > 0 else None
-        self.queue = FairQueue(self._work, threads=threads, max_queued=max_queued)
+        self.queue = FairQueue(self._work, threads=threads, max_queued=max_queued,
+                               cost=lambda item: DEVICE_MEMORY_FACTOR * _input_bytes(item[1]),
+                               budget=backend.memory_budget())
         pool_dirs = list(dict.fromkeys([*pool_dirs, default_directory(), tempfile.gettempdir()]))
         self.clients = Clients(self.handles, self.array_cache, pool_dirs, float(client_timeout or 0),
                                on_free=self._cancel)
@@ -408,13 +413,7 @@ class Worker:
 
     def _memory_note(self, header):
         """What a MemoryError needs to be understood: the request's size and the device's memory."""
-        arrays = header.get("arrays") if isinstance(header.get("arrays"), list) else []
-        sent = 0
-        for desc in arrays:
-            try:
-                sent += int(np.prod(desc["shape"])) * np.dtype(desc["dtype"]).itemsize
-            except Exception:  # noqa: BLE001 - informative only
-                continue
+        sent = _input_bytes(header)
         what = ".".join(str(header[k]) for k in ("estimator", "method") if header.get(k))
         note = f" [worker: {header.get('op')} {what} on {_size(sent)} of input"
         if self.backend.device_resident:
@@ -475,6 +474,8 @@ class Worker:
             "refused": dict(self.session.refused + self.refused
                             + (self.gatekeeper.refused if self.gatekeeper else Counter())),
             "swept": dict(self.clients.swept), "rss": rss_bytes(), "queued": self.queue.waiting(),
+            "threads": self.queue.threads, "running": self.queue.running, "peak_running": self.queue.peak,
+            "device_budget": self.queue.budget, "device_in_use": self.queue.in_use,
             "versions": self.versions,
             "array_cache": {"entries": len(cache) if cache else 0, "bytes": cache.nbytes if cache else 0,
                             "max_bytes": cache.max_bytes if cache else 0},
@@ -613,6 +614,18 @@ class Worker:
         blob = self._decoder(header, buffers).decode(header.get("state"))
         estimator = self.backend.import_state(name, form, bytes(blob))
         return {"handle": self.handles.add(estimator, name, header["client"])}, []
+
+
+def _input_bytes(header):
+    """The bytes of the arrays a request carries (as its header describes them)."""
+    arrays = header.get("arrays") if isinstance(header.get("arrays"), list) else []
+    sent = 0
+    for desc in arrays:
+        try:
+            sent += math.prod(desc["shape"]) * np.dtype(desc["dtype"]).itemsize
+        except Exception:  # noqa: BLE001 - a malformed one is refused later, by the decoder
+            continue
+    return sent
 
 
 def _size(nbytes):

@@ -43,7 +43,8 @@ from .. import __version__
 from ..client import get_connection
 from ..config import get_setting
 from ..errors import WorkerUnavailable
-from ..parallel import PARALLEL_MIN, all_sums_finite
+from ..parallel import PARALLEL_MIN
+from ..protocol.arrays import defer_finite_check
 
 _STATE_KEYS = ("_remote", "_sklearn_model", "_backend_state")
 # Set locally by validation; the remote model's copies are never consulted (and
@@ -95,15 +96,22 @@ class RemoteEstimator(BaseEstimator):
         tags.input_tags.sparse = bool(self._sparse_fit)
         return tags
 
+    @classmethod
+    def _get_param_names(cls):
+        """scikit-learn's, read once per class: it inspects the signature at every get_params (twice a fit)."""
+        return _param_names(cls)
+
     # ------------------------------------------------------------ fitting
 
     def _validate(self, X, y=_NO_X, **kwargs):
-        """``validate_data`` with this class's settings; large float arrays checked in parallel.
+        """``validate_data`` with this class's settings; large float arrays checked as they are sent.
 
         scikit-learn's finite check of a float array sums it in one thread
-        (24 ms for 200 MB on the H100 machine); on large arrays the sums run
-        in chunks on all cores instead, and only an array that fails them
-        goes to scikit-learn's own check, for its exact message.
+        (24 ms for 200 MB on the H100 machine), and sending it reads it again.
+        A large one is returned as an ``Unchecked`` view instead: the copy into
+        the pool sums each block as it copies it, on all cores (one pass), and
+        only an array that fails goes to scikit-learn's own check, for its exact
+        message, before anything is sent.
         """
         settings = {"accept_sparse": self._sparse_fit if kwargs.get("reset", True) else self._sparse_call,
                     **self._validation, **kwargs}
@@ -113,10 +121,12 @@ class RemoteEstimator(BaseEstimator):
             settings["ensure_all_finite"] = False
         out = validate_data(self, X, y, **settings) if y is not _NO_X else validate_data(self, X, **settings)
         if large and finite:
-            checked = out[0] if y is not _NO_X else out
-            if not all_sums_finite(checked):
-                assert_all_finite(checked, allow_nan=finite == "allow-nan", estimator_name=type(self).__name__,
-                                  input_name="X")
+            def on_failure(array, allow_nan=finite == "allow-nan", name=type(self).__name__):
+                assert_all_finite(array, allow_nan=allow_nan, estimator_name=name, input_name="X")
+
+            if y is _NO_X:
+                return defer_finite_check(out, on_failure)
+            return (defer_finite_check(out[0], on_failure), *out[1:])
         return out
 
     def _validate_fit(self, X, y, reset=True):
@@ -348,6 +358,11 @@ class RemoteEstimator(BaseEstimator):
             )
         super().__setstate__(state)
 
+
+
+@functools.lru_cache(maxsize=None)
+def _param_names(cls):
+    return BaseEstimator._get_param_names.__func__(cls)
 
 
 @functools.lru_cache(maxsize=None)

@@ -39,7 +39,7 @@ from collections import Counter, OrderedDict
 import numpy as np
 
 from ..errors import CacheMiss, ProtocolError
-from ..parallel import copy_into
+from ..parallel import all_sums_finite, copy_into
 from .session import frame_buffer
 
 INLINE_MAX = 64 * 1024  # arrays up to this many bytes travel inside the header
@@ -165,6 +165,28 @@ class AsDtype:
         self.array, self.dtype, self.name = array, np.dtype(dtype), name
 
 
+class Unchecked(np.ndarray):
+    """A validated float array whose finite check is left to the copy that sends it.
+
+    Checking a large array and then copying it into the pool reads it twice;
+    the encoder sums each block as it copies it instead, in one pass. Where it
+    is not copied (frames), it is summed first. ``on_failure(array)`` words
+    the error (scikit-learn's own check, which may also let NaN pass).
+    """
+
+    on_failure = None
+
+    def __array_finalize__(self, obj):
+        self.on_failure = getattr(obj, "on_failure", None)
+
+
+def defer_finite_check(array, on_failure):
+    """``array`` as an :class:`Unchecked` view (no copy): checked by the copy that sends it."""
+    view = array.view(Unchecked)
+    view.on_failure = on_failure
+    return view
+
+
 # ---------------------------------------------------------------- writing
 
 
@@ -205,6 +227,9 @@ class Encoder:
 
     def array(self, arr, dtype=None, name="X"):
         """The marker of ``arr`` (sent as ``dtype`` if given), its bytes placed inline, in the pool or as a frame."""
+        on_failure = None
+        if isinstance(arr, Unchecked):
+            on_failure, arr = arr.on_failure, arr.view(np.ndarray)
         if arr.dtype.str not in DTYPES:
             native = arr.dtype.newbyteorder("=")
             if arr.dtype.hasobject or native.str not in DTYPES:
@@ -217,6 +242,12 @@ class Encoder:
             order = "F"
         else:
             arr, order = np.ascontiguousarray(arr), "C"
+        spot = None
+        if on_failure is not None:  # copied into the pool: checked on the way; anywhere else: first
+            spot = self.place(arr.size * target.itemsize) if self.place is not None and self.cache is None \
+                and arr.size * target.itemsize > self.inline_max else None
+            if spot is None and not all_sums_finite(arr):
+                on_failure(arr)
         if target != arr.dtype and (self.cache is not None or arr.size * target.itemsize <= self.inline_max):
             arr = _cast(arr, target, order, name)  # these paths need the cast array itself
         desc = {"dtype": target.str, "shape": list(arr.shape), "order": order}
@@ -230,11 +261,13 @@ class Encoder:
             desc["cache"] = key
         if nbytes <= self.inline_max:
             return self._marker({**desc, "where": "inline", "data": _raw(arr).tobytes()})
-        spot = self.place(nbytes) if self.place is not None else None
+        if spot is None and self.place is not None:
+            spot = self.place(nbytes)
         if spot is not None:
             segment, offset, memory = spot
             dest = np.frombuffer(memory, target, count=arr.size).reshape(arr.shape, order=order)
-            _copy_checked(dest, arr, name)
+            if not _copy_checked(dest, arr, name, check_finite=on_failure is not None):
+                on_failure(arr)  # raises (nothing is sent), or lets NaN pass where the estimator allows it
             return self._marker({**desc, "where": "pool", "segment": segment, "offset": offset})
         if target != arr.dtype:
             arr = _cast(arr, target, order, name)
@@ -291,9 +324,10 @@ def _cast(arr, dtype, order, name):
         raise _overflow(name, dtype) from None
 
 
-def _copy_checked(dest, src, name):
+def _copy_checked(dest, src, name, check_finite=False):
+    """Copy (casting); with ``check_finite``, whether the copy sums finite (else True)."""
     try:
-        copy_into(dest, src)
+        return copy_into(dest, src, check_finite=check_finite) is not False
     except FloatingPointError:
         raise _overflow(name, dest.dtype) from None
 
