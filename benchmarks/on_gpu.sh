@@ -54,6 +54,32 @@ for stage in "$@"; do
       step 590 "$OUT/e2e-h100.txt" python3 benchmarks/e2e.py --parts cases,accuracy,memory --out "$OUT/e2e-h100.json" ;;
     grid)  # the GridSearchCV workflow, and the array cache's effect on it
       step 590 "$OUT/e2e-h100-grid.txt" python3 benchmarks/e2e.py --parts grid --out "$OUT/e2e-h100-grid.json" ;;
+    faithful)  # issue 13/16: sparse, portable forms, workflows, cuML in process, against cuML; then the checks script
+      log="$OUT/pytest-cuml-faithful.txt"
+      step 420 "$log" "${PYTEST[@]}" -q -rfEs --tb=short tests/test_sparse.py tests/test_portable.py \
+        tests/test_workflows.py tests/test_inprocess.py tests/test_accel.py
+      step 300 "$OUT/gpu-checks.txt" python3 benchmarks/gpu_checks.py --out "$OUT/gpu-checks.json" ;;
+    speed)  # issue 15: the per-call cases and the n_jobs grid, before (BEFORE_SITE) and after, in one run
+      small="5000x20|500x20|float64|10000x1280|KMeans(8)|KNeighbors|NearestNeighbors"
+      if [ -n "${BEFORE_SITE:-}" ]; then
+        step 280 "$OUT/speed-before.txt" env PYTHONPATH="$BEFORE_SITE:$PYTHONPATH" python3 benchmarks/e2e.py \
+          --parts cases --only "5000x20|500x20 float64|LogisticRegression fit 1M x 50 float64" --no-sklearn-large \
+          --out "$OUT/e2e-before.json"
+      fi
+      step 420 "$OUT/speed-after.txt" python3 benchmarks/e2e.py --parts cases,profile --only "$small" \
+        --no-sklearn-large --out "$OUT/e2e-after.json"
+      for threads in 1 4; do
+        step 300 "$OUT/grid-threads-$threads.txt" python3 benchmarks/e2e.py --parts grid --repeats 1 --threads $threads \
+          --grid-ways "bridge|bridge n_jobs=4|bridge n_jobs=-1|cuml" --out "$OUT/e2e-grid-threads-$threads.json"
+      done ;;
+    accel)  # issue 14: a client without cuML (CLIENT_SITE) and a background cuML worker: accel, the cuML alias
+      log="$OUT/accel.txt"
+      step 120 "$log" python3 -m sklearn_gpu_bridge start --backend cuml
+      step 30 "$log" env PYTHONPATH="$CLIENT_SITE" python3 -c "import cuml" 
+      step 240 "$log" env PYTHONPATH="$CLIENT_SITE" python3 benchmarks/accel/sklearn_script.py --n-jobs -1
+      step 240 "$log" env PYTHONPATH="$CLIENT_SITE" python3 -m sklearn_gpu_bridge.accel -v benchmarks/accel/sklearn_script.py
+      step 120 "$log" env PYTHONPATH="$CLIENT_SITE" python3 -m sklearn_gpu_bridge.accel benchmarks/accel/cuml_quickstart.py
+      step 60 "$log" python3 -m sklearn_gpu_bridge stop ;;
     *) echo "unknown stage $stage" >&2; exit 2 ;;
   esac
 done

@@ -40,9 +40,15 @@ def _in_dask_worker():
 
 
 def _cuml_importable():
-    import importlib.util
+    """Whether the real cuML can be imported here (this package's ``cuml`` alias is not cuML)."""
+    import sys
 
-    return importlib.util.find_spec("cuml") is not None
+    module = sys.modules.get("cuml")
+    if module is not None and not getattr(module, "__sklearn_gpu_bridge__", False):
+        return True
+    from .cuml_alias import real_cuml_importable
+
+    return real_cuml_importable()
 
 
 def execution_mode():

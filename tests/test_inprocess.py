@@ -139,12 +139,10 @@ def test_execution_mode_setting():
 
 
 def test_forcing_in_process_without_cuml_says_so():
-    pytest.importorskip("sklearn")
-    try:
-        import cuml  # noqa: F401
+    from sklearn_gpu_bridge.inprocess import _cuml_importable
+
+    if _cuml_importable():
         pytest.skip("cuML is importable here")
-    except ImportError:
-        pass
     client.reset_connection()
     try:
         with config_context(execution="in_process"):
@@ -179,3 +177,31 @@ def test_cuml_in_process_answers_as_a_cuml_worker():
             np.testing.assert_array_equal(got, expected)
         else:
             np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4, err_msg=name)
+
+
+def test_the_cuml_alias_is_not_taken_for_cuml(tmp_path):
+    """A process with the alias enabled (and no real cuML) still goes through a bridge worker in Dask."""
+    code = textwrap.dedent("""
+        import sys
+        sys.modules.pop("cuml", None)
+        import sklearn_gpu_bridge.cuml_alias as alias; alias.enable()
+        import cuml
+        from sklearn_gpu_bridge import inprocess
+        print(cuml.__sklearn_gpu_bridge__, inprocess._cuml_importable())
+    """)
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["True", "False"]
+
+
+def test_a_worker_in_an_environment_with_the_alias_runs_scikit_learn_not_the_alias(tmp_path):
+    """`alias install` in the worker's environment must not make the worker call itself through the alias."""
+    code = textwrap.dedent("""
+        import sklearn_gpu_bridge.cuml_alias as alias; alias.enable()
+        from sklearn_gpu_bridge.worker.backends import make_backend
+        backend, reason = make_backend("auto")
+        print(backend.name, "alias" in reason)
+    """)
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["sklearn", "True"]

@@ -9,6 +9,7 @@ translated as cuML's own ``as_sklearn()`` would (:mod:`sklearn_gpu_bridge.transl
 """
 
 import contextlib
+import functools
 import importlib
 import inspect
 import logging
@@ -43,6 +44,7 @@ def _load(path):
     return getattr(importlib.import_module(module), name)
 
 
+@functools.lru_cache(maxsize=None)
 def parameter_names(cls):
     """The constructor parameters of ``cls`` as ``get_params`` knows them.
 
@@ -159,6 +161,8 @@ class CumlBackend(Backend):
         super().__init__()
         import cuml
 
+        if getattr(cuml, "__sklearn_gpu_bridge__", False):  # `alias install` in this environment: not cuML
+            raise ImportError("no cuML here: `import cuml` gives sklearn-gpu-bridge's alias")
         cuml.set_global_output_type("numpy")
         self._cuml = cuml
 
