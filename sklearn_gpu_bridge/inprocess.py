@@ -35,8 +35,8 @@ def _in_dask_worker():
         return None
     try:
         return worker_module.get_worker()
-    except ValueError:
-        return None
+    except ValueError:  # not in a task (client.run, say): a Dask worker process still has its Worker
+        return next(iter(getattr(worker_module.Worker, "_instances", ())), None)
 
 
 def _cuml_importable():
