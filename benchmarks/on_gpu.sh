@@ -56,8 +56,10 @@ for stage in "$@"; do
       step 590 "$OUT/e2e-h100-grid.txt" python3 benchmarks/e2e.py --parts grid --out "$OUT/e2e-h100-grid.json" ;;
     faithful)  # issue 13/16: sparse, portable forms, workflows, cuML in process, against cuML; then the checks script
       log="$OUT/pytest-cuml-faithful.txt"
-      step 420 "$log" "${PYTEST[@]}" -q -rfEs --tb=short tests/test_sparse.py tests/test_portable.py \
-        tests/test_workflows.py tests/test_inprocess.py tests/test_accel.py
+      step 330 "$log" "${PYTEST[@]}" -q -rfEs --tb=short tests/test_sparse.py tests/test_portable.py \
+        tests/test_workflows.py tests/test_inprocess.py
+      step 240 "$OUT/pytest-cuml-checks.txt" "${PYTEST[@]}" -q -rfEs --tb=short tests/test_estimator_checks.py ;;
+    checks13)  # the bridge against cuML in process, check by check (benchmarks/gpu_checks.py)
       step 300 "$OUT/gpu-checks.txt" python3 benchmarks/gpu_checks.py --out "$OUT/gpu-checks.json" ;;
     speed)  # issue 15: the per-call cases and the n_jobs grid, before (BEFORE_SITE) and after, in one run
       small="5000x20|500x20|float64|10000x1280|KMeans(8)|KNeighbors|NearestNeighbors"
@@ -66,8 +68,11 @@ for stage in "$@"; do
           --parts cases --only "5000x20|500x20 float64|LogisticRegression fit 1M x 50 float64" --no-sklearn-large \
           --out "$OUT/e2e-before.json"
       fi
-      step 420 "$OUT/speed-after.txt" python3 benchmarks/e2e.py --parts cases,profile --only "$small" \
+      step 300 "$OUT/speed-after.txt" python3 benchmarks/e2e.py --parts cases --only "$small" \
         --no-sklearn-large --out "$OUT/e2e-after.json"
+      step 120 "$OUT/speed-legs.txt" python3 benchmarks/e2e.py --parts profile \
+        --only "StandardScaler fit_transform 5000x20 float64|LogisticRegression fit+predict 5000x20 float64" \
+        --out /tmp/legs.json
       for threads in 1 4; do
         step 300 "$OUT/grid-threads-$threads.txt" python3 benchmarks/e2e.py --parts grid --repeats 1 --threads $threads \
           --grid-ways "bridge|bridge n_jobs=4|bridge n_jobs=-1|cuml" --out "$OUT/e2e-grid-threads-$threads.json"
@@ -80,6 +85,9 @@ for stage in "$@"; do
       step 240 "$log" env PYTHONPATH="$CLIENT_SITE" python3 -m sklearn_gpu_bridge.accel -v benchmarks/accel/sklearn_script.py
       step 120 "$log" env PYTHONPATH="$CLIENT_SITE" python3 -m sklearn_gpu_bridge.accel benchmarks/accel/cuml_quickstart.py
       step 60 "$log" python3 -m sklearn_gpu_bridge stop ;;
+    dask)  # issues 16/17: LocalCUDACluster on 1 and 2 GPUs against the bridge and cuML in process, no Dask
+      step 500 "$OUT/dask-grid.txt" python3 benchmarks/dask_grid.py --gpus 1 2 --candidates 12 48 \
+        --out "$OUT/dask-grid.json" ;;
     *) echo "unknown stage $stage" >&2; exit 2 ;;
   esac
 done
