@@ -109,7 +109,7 @@ def timed_search(candidates, X, y, *, n_jobs, sample_gpus, backend=None, scatter
     for line in where:
         by_gpu[str(line["gpu"])] = by_gpu.get(str(line["gpu"]), 0) + 1
         by_mode[line["mode"]] = by_mode.get(line["mode"], 0) + 1
-    return {"seconds": seconds, "scored_fits": len(where), "fits_per_gpu": by_gpu, "modes": by_mode,
+    return {"seconds": seconds, "scored_fits": len(where), "in_this_process": sum(w["pid"] == os.getpid() for w in where), "fits_per_gpu": by_gpu, "modes": by_mode,
             "pids": sorted({line["pid"] for line in where}), "peak_memory_mib": memory.peak,
             "best_params": fitted.best_params_, "best_score": float(fitted.best_score_)}
 
@@ -121,14 +121,16 @@ def warm(n_rows=2000):
     return sgb.execution_mode()
 
 
-def cluster_for(gpus, cpu):
+def cluster_for(gpus, cpu, threads):
+    """One worker per GPU, ``threads`` each: joblib's dask backend runs a search whose cluster has one
+    thread in all in the calling process, so a one-GPU cluster needs two to be used at all."""
     if cpu:
         from distributed import LocalCluster
 
-        return LocalCluster(n_workers=gpus, threads_per_worker=1, processes=True, dashboard_address=None)
+        return LocalCluster(n_workers=gpus, threads_per_worker=threads, processes=True, dashboard_address=None)
     from dask_cuda import LocalCUDACluster
 
-    return LocalCUDACluster(CUDA_VISIBLE_DEVICES=",".join(str(i) for i in range(gpus)), threads_per_worker=1,
+    return LocalCUDACluster(CUDA_VISIBLE_DEVICES=",".join(str(i) for i in range(gpus)), threads_per_worker=threads,
                             dashboard_address=None)
 
 
@@ -139,6 +141,9 @@ def main():
     parser.add_argument("--rows", type=int, default=20_000)
     parser.add_argument("--cols", type=int, default=20)
     parser.add_argument("--cpu", action="store_true", help="distributed.LocalCluster on CPUs: a dry run")
+    parser.add_argument("--threads-per-worker", type=int, default=2,
+                        help="fits at once per GPU worker (default 2: a one-GPU cluster of one thread would "
+                             "run the search in this process)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     from distributed import Client
@@ -146,7 +151,8 @@ def main():
     X, y = make_classification(args.rows, args.cols, n_informative=10, random_state=0)
     sample_gpus = not args.cpu
     report = {"when": datetime.now(timezone.utc).isoformat(timespec="seconds"), "host": platform.node(),
-              "shape": [args.rows, args.cols], "dtype": str(X.dtype), "cv": 3, "runs": {}}
+              "shape": [args.rows, args.cols], "dtype": str(X.dtype), "cv": 3,
+              "threads_per_worker": args.threads_per_worker, "runs": {}}
     if sample_gpus:
         report["gpus"] = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout.splitlines()
 
@@ -164,17 +170,18 @@ def main():
         sgb.reset_connection()
 
     for gpus in args.gpus:
-        with cluster_for(gpus, args.cpu) as cluster, Client(cluster) as client:
+        with cluster_for(gpus, args.cpu, args.threads_per_worker) as cluster, Client(cluster) as client:
             modes = client.run(warm)
             report["runs"][f"dask {gpus} workers: modes"] = modes
+            n_jobs = -1  # joblib's dask backend counts the cluster's threads (so one thread runs in this process)
             for candidates in args.candidates:
-                run = timed_search(candidates, X, y, n_jobs=-1, sample_gpus=sample_gpus, backend="dask")
+                run = timed_search(candidates, X, y, n_jobs=n_jobs, sample_gpus=sample_gpus, backend="dask")
                 report["runs"][f"dask {gpus} GPUs, {candidates} candidates"] = run
                 print(f"dask, {gpus} GPU workers        {candidates:>3} candidates: {run['seconds']:7.2f} s  "
                       f"fits per GPU {run['fits_per_gpu']}  peak MiB {run['peak_memory_mib']}", flush=True)
             if gpus == max(args.gpus):  # what scattering once saves: the same search sending X, y with each task
-                run = timed_search(min(args.candidates), X, y, n_jobs=-1, sample_gpus=sample_gpus, backend="dask",
-                                   scatter=False)
+                run = timed_search(min(args.candidates), X, y, n_jobs=n_jobs, sample_gpus=sample_gpus,
+                                   backend="dask", scatter=False)
                 report["runs"][f"dask {gpus} GPUs, {min(args.candidates)} candidates, no scatter"] = run
                 print(f"  same without scatter: {run['seconds']:.2f} s", flush=True)
 

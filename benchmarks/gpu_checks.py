@@ -164,7 +164,7 @@ def main():
               f"{ {k: v for k, v in results[name].items() if k not in ('traceback', 'ok')} }", flush=True)
     versions = sgb.get_connection().status()["versions"]
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"versions": versions, "python": sys.version, "checks": results}, indent=1))
+    Path(args.out).write_text(json.dumps({"versions": versions, "python": sys.version, "checks": results}, indent=1, default=lambda o: o.item() if hasattr(o, "item") else str(o)))
     sgb.reset_connection()
 
 

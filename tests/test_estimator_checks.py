@@ -83,6 +83,9 @@ if BACKEND == "cuml":
         EXPECTED_FAILURES.setdefault(_name, {})["check_sample_weight_equivalence_on_dense_data"] = _F32
     for _name in ("GPULinearRegression", "GPURidge"):  # sparse X: cuML's lsmr, in float32
         EXPECTED_FAILURES[_name]["check_sample_weight_equivalence_on_sparse_data"] = _F32
+    # sparse X through cuML's quasi-Newton solver (seen on the H200 run, gpu-h200/pytest-cuml-checks.txt)
+    for _name in ("GPUElasticNet", "GPULasso", "GPULogisticRegression"):
+        EXPECTED_FAILURES.setdefault(_name, {})["check_sample_weight_equivalence_on_sparse_data"] = _F32
     _ONE = "cuML's message for a single sample does not say 'one sample'"
     EXPECTED_FAILURES["GPUMBSGDClassifier"] = {"check_fit2d_1sample": _ONE}
     EXPECTED_FAILURES["GPUMBSGDRegressor"] = {"check_fit2d_1sample": _ONE}

@@ -30,7 +30,11 @@ from sklearn_gpu_bridge.estimators import (
 )
 from sklearn_gpu_bridge.inprocess import InProcess
 
-from .conftest import assert_same
+from .conftest import BACKEND, assert_same
+
+#: a real cuML here (the GPU machine): the tests of a process without one do not apply
+REAL_CUML = __import__("sklearn_gpu_bridge.inprocess", fromlist=["_cuml_importable"])._cuml_importable()
+without_cuml = pytest.mark.skipif(REAL_CUML, reason="about a process without cuML; this one has it")
 
 
 def _data():
@@ -63,6 +67,7 @@ def _through_worker(make, run, X, y):
     return run(make(), X, y)
 
 
+@pytest.mark.skipif(BACKEND != "sklearn", reason="compares with a scikit-learn worker; the gpu test below, cuML's")
 @pytest.mark.parametrize("name,make,run", CASES, ids=[c[0] for c in CASES])
 def test_in_process_answers_as_the_worker_does(name, make, run):
     X, y = _data()
@@ -152,6 +157,7 @@ def test_forcing_in_process_without_cuml_says_so():
         client.reset_connection()
 
 
+@without_cuml
 def test_a_dask_worker_without_cuml_goes_through_a_bridge_worker():
     distributed = pytest.importorskip("distributed")
     with distributed.Client(processes=False, n_workers=1, threads_per_worker=1, dashboard_address=None) as dask:
@@ -179,6 +185,7 @@ def test_cuml_in_process_answers_as_a_cuml_worker():
             np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4, err_msg=name)
 
 
+@without_cuml
 def test_the_cuml_alias_is_not_taken_for_cuml(tmp_path):
     """A process with the alias enabled (and no real cuML) still goes through a bridge worker in Dask."""
     code = textwrap.dedent("""
@@ -194,6 +201,7 @@ def test_the_cuml_alias_is_not_taken_for_cuml(tmp_path):
     assert run.stdout.split() == ["True", "False"]
 
 
+@without_cuml
 def test_a_worker_in_an_environment_with_the_alias_runs_scikit_learn_not_the_alias(tmp_path):
     """`alias install` in the worker's environment must not make the worker call itself through the alias."""
     code = textwrap.dedent("""

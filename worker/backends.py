@@ -179,9 +179,9 @@ class CumlBackend(Backend):
         name = type(estimator).__name__
         try:
             if name in forms.BUILDERS:
-                return forms.BUILDERS[name](estimator)
+                return _as_fitted_on_float64(forms.BUILDERS[name](estimator))
             if getattr(estimator, "_cpu_class_path", "").startswith("sklearn.") and hasattr(estimator, "as_sklearn"):
-                return estimator.as_sklearn()
+                return _as_fitted_on_float64(estimator.as_sklearn())
         except Exception as exc:  # noqa: BLE001 - said, and the native form still travels
             log.warning("%s: no portable form (%s: %s)", name, type(exc).__name__, exc)
         return None
@@ -268,6 +268,21 @@ class CumlBackend(Backend):
                     est.fit(X)
             except Exception:  # noqa: BLE001 - warm-up is best effort; real calls report errors
                 log.warning("warm-up of %s failed", name, exc_info=True)
+
+
+def _as_fitted_on_float64(model):
+    """A scikit-learn model from cuML's float32 state, as scikit-learn would have fitted it on float64.
+
+    Users' arrays are float64; cuML computed in float32 (the ``precision``
+    setting). scikit-learn's compiled predict paths want the model's arrays in
+    the input's dtype (KMeans' centres, SVC's support vectors), so the float32
+    arrays of the state are widened (exactly) to float64.
+    """
+    if type(model).__module__.startswith("sklearn."):
+        for key, value in vars(model).items():
+            if key.endswith("_") and isinstance(value, np.ndarray) and value.dtype == np.float32:
+                setattr(model, key, value.astype(np.float64))
+    return model
 
 
 def make_backend(choice):
