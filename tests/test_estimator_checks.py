@@ -102,11 +102,11 @@ if BACKEND == "cuml":
         "check_transformer_data_not_an_array": _REEMBED,
         "check_transformer_preserve_dtypes": _REEMBED,
     })
-    EXPECTED_FAILURES["GPULogisticRegression"] = {
+    EXPECTED_FAILURES["GPULogisticRegression"].update({
         "check_sample_weight_equivalence_on_dense_data": _WEIGHTS + "; cuML's qn solver",
         "check_class_weight_classifiers": "cuML's qn solver weighs classes less than the check's "
                                           "0.87 threshold expects (cuML's own behaviour)",
-    }
+    })
 def expected_failed_checks(estimator):
     return EXPECTED_FAILURES.get(type(estimator).__name__, {})
 

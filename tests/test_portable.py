@@ -42,11 +42,12 @@ def _methods(model):
 
 
 def _available(name):
+    """UMAP's portable form is umap-learn's UMAP: without umap-learn there is none (cuML's either)."""
     if name == "GPUUMAP":
         try:
             import umap  # noqa: F401
         except ImportError:
-            return BACKEND == "cuml"
+            return False
     return True
 
 
