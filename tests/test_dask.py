@@ -145,3 +145,23 @@ def test_the_tls_recipe_scheduler_and_worker_from_dasks_cli_and_a_client_with_ce
             if process is not None:
                 process.terminate()
                 process.wait(30)
+
+
+def test_x_and_y_reach_the_cluster_once_per_search_not_once_per_fit(dask_client, monkeypatch):
+    """joblib's dask backend scatters an argument over 1 kB once per search (with or without
+    ``scatter=``); the fits then read it on the workers. Counted at the real Client.scatter."""
+    X, y = make_classification(2000, 50, random_state=3)  # 800 kB
+    scattered = []
+    real = distributed.Client.scatter
+
+    def counting(self, data, *args, **kwargs):
+        scattered.append(data)
+        return real(self, data, *args, **kwargs)
+
+    monkeypatch.setattr(distributed.Client, "scatter", counting)
+    with distributed.get_task_stream(client=dask_client) as stream:
+        with joblib.parallel_config(backend="dask"):
+            _search(n_jobs=-1).fit(X, y)
+    fits = [t for t in stream.data if "fit_and_score" in str(t.get("key"))]
+    sent_x = [d for d in scattered if isinstance(d, np.ndarray) and d.shape == X.shape]
+    assert len(fits) >= 2 and len(sent_x) == 1
