@@ -2,11 +2,12 @@
 
 - ``header`` is a pickle (protocol 5, written without a memo) of a dict made
   only of plain builtins (None, bool, int, float, str, bytes, tuple, list,
-  dict). It is read only after its signature checks, and then only if every
-  opcode is one that builds such a value (no globals, no calls, no memo
-  references): even a signed header cannot name a class or a function, make a
-  value that refers to itself, or make the reader allocate more than the
-  header's own size suggests.
+  dict). It is read only after its signature checks; a worker reads it only if
+  every opcode is one that builds such a value (no globals, no calls, no memo
+  references): even a signed request cannot name a class or a function, make a
+  value that refers to itself, or make the worker allocate more than the
+  header's own size suggests. A client reads its worker's replies without the
+  opcode scan (globals are still refused: see :func:`loads_header`).
 - ``signature`` is the hex HMAC-SHA256 of the header bytes under the shared
   key, compared in constant time (as jupyter_client does).
 - ``buffers`` are raw bytes: arrays as zero-copy frames, and opaque blobs
