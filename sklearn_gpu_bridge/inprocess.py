@@ -35,8 +35,10 @@ def _in_dask_worker():
         return None
     try:
         return worker_module.get_worker()
-    except ValueError:  # not in a task (client.run, say): a Dask worker process still has its Worker
-        return next(iter(getattr(worker_module.Worker, "_instances", ())), None)
+    except ValueError:  # not in a task (client.run, say): a Dask worker process still has its running Worker
+        running = (w for w in list(getattr(worker_module.Worker, "_instances", ()))
+                   if getattr(getattr(w, "status", None), "name", None) == "running")
+        return next(running, None)
 
 
 def _cuml_importable():
