@@ -14,6 +14,7 @@ Which one a process uses is the ``execution`` setting (:func:`execution_mode`).
 
 import itertools
 import os
+import sys
 import threading
 from collections import Counter
 
@@ -28,8 +29,6 @@ EXECUTION_MODES = ("auto", "worker", "in_process")
 
 def _in_dask_worker():
     """The Dask worker this code runs in, or None (never imports distributed itself)."""
-    import sys
-
     worker_module = sys.modules.get("distributed.worker")
     if worker_module is None:
         return None
@@ -43,8 +42,6 @@ def _in_dask_worker():
 
 def _cuml_importable():
     """Whether the real cuML can be imported here (this package's ``cuml`` alias is not cuML)."""
-    import sys
-
     module = sys.modules.get("cuml")
     if module is not None and not getattr(module, "__sklearn_gpu_bridge__", False):
         return True
