@@ -18,7 +18,6 @@ import sys
 import threading
 from collections import Counter
 
-from .catalogue import FIT_METHODS, lookup
 from .config import get_setting
 from .errors import ConfigurationError
 from .protocol import PROTOCOL_VERSION, Capabilities, to_plain
@@ -141,31 +140,19 @@ class InProcess:
     def fit(self, estimator, params, method, args, kwargs, changed=(), params_from=None):
         from .client import Fitted
 
-        if method not in FIT_METHODS or not lookup(estimator).allows(method):
-            raise ValueError(f"{method!r} is not a fitting method of {estimator}")
-        if params_from == "sklearn":
-            model, dropped = self.backend.create_from_sklearn(estimator, params), []
-        else:
-            model, dropped = self.backend.create(estimator, params, list(changed))
+        self.backend.check_fit(estimator, method)
         args, kwargs = self._arguments(args, kwargs)
-        with self.backend.output_context(method):
-            result = getattr(model, method)(*args, **kwargs)
+        model, result, dropped = self.backend.fit(estimator, params, method, args, kwargs, list(changed), params_from)
         return Fitted(self._add(model, estimator), self._result(result, model), dropped)
 
     def call(self, handle, method, args, kwargs, *, n_classes=0):
         name, model = self._get(handle)
-        if method not in lookup(name).methods or not callable(getattr(model, method, None)):
-            raise AttributeError(f"{name} has no method {method!r} that the bridge may call")
         args, kwargs = self._arguments(args, kwargs)
-        with self.backend.output_context(method):
-            result = getattr(model, method)(*args, **kwargs)
-        return self._result(result, model)
+        return self._result(self.backend.call(name, model, method, args, kwargs), model)
 
     def attribute(self, handle, name):
         _, model = self._get(handle)
-        if not (isinstance(name, str) and name.endswith("_") and name[:1].isalpha() and name[:1].islower()):
-            raise AttributeError(f"{name!r} is not a public fitted attribute")
-        return self._result(getattr(model, name), model)
+        return self._result(self.backend.attribute(model, name), model)
 
     def get_state(self, handle):
         _, model = self._get(handle)

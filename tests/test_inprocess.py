@@ -19,7 +19,7 @@ from sklearn.pipeline import make_pipeline
 
 import sklearn_gpu_bridge
 from sklearn_gpu_bridge import client, config_context
-from sklearn_gpu_bridge.errors import ConfigurationError
+from sklearn_gpu_bridge.errors import ConfigurationError, ProtocolError
 from sklearn_gpu_bridge.estimators import (
     GPUKMeans,
     GPULogisticRegression,
@@ -118,7 +118,7 @@ def test_in_process_refuses_what_the_worker_refuses(in_process):
         in_process.call(in_process.fit("KMeans", {"n_clusters": 2}, "fit", [X], {}).handle, "__reduce__", [], {})
     with pytest.raises(AttributeError, match="public fitted attribute"):
         in_process.attribute(in_process.fit("KMeans", {"n_clusters": 2}, "fit", [X], {}).handle, "__dict__")
-    with pytest.raises(ValueError, match="not a fitting method"):
+    with pytest.raises(ProtocolError, match="not a fitting method"):
         in_process.fit("KMeans", {}, "predict", [X], {})
 
 

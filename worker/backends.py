@@ -14,12 +14,13 @@ import importlib
 import inspect
 import logging
 import platform
+import re
 
 import cloudpickle
 import numpy as np
 
-from sklearn_gpu_bridge.catalogue import NEUTRAL, lookup
-from sklearn_gpu_bridge.errors import NotOnWorker
+from sklearn_gpu_bridge.catalogue import FIT_METHODS, NEUTRAL, lookup
+from sklearn_gpu_bridge.errors import NotOnWorker, ProtocolError
 from sklearn_gpu_bridge.translate import to_sklearn
 
 from . import forms
@@ -42,6 +43,10 @@ STAND_INS = {
 def _load(path):
     module, _, name = path.rpartition(".")
     return getattr(importlib.import_module(module), name)
+
+
+#: the attributes a client may read: public fitted ones (``coef_``), never ``__dict__`` or a method
+FITTED_ATTRIBUTE = re.compile(r"^[a-z][a-z0-9_]*_$")
 
 
 @functools.lru_cache(maxsize=None)
@@ -105,6 +110,43 @@ class Backend:
 
     def _translate(self, name, params):
         return params
+
+    # ------------------------------------------------------------ the operations, as the worker and InProcess run them
+
+    @staticmethod
+    def check_fit(name, method):
+        """Refuse a method that is not one of ``name``'s fitting methods (before anything is decoded)."""
+        if method not in FIT_METHODS or not lookup(name).allows(method):
+            raise ProtocolError(f"{method!r} is not a fitting method of {name}")
+
+    def fit(self, name, params, method, args, kwargs, changed=(), params_from=None):
+        """Build ``name`` from ``params`` and run its fitting ``method``: (estimator, result, dropped parameters).
+
+        ``params_from="sklearn"``: scikit-learn's class's parameters (accel), mapped as cuML maps them.
+        """
+        self.check_fit(name, method)
+        if params_from == "sklearn":
+            estimator, dropped = self.create_from_sklearn(name, params), []
+        elif params_from is None:
+            estimator, dropped = self.create(name, params, changed)
+        else:
+            raise ProtocolError(f"unknown params_from {params_from!r}")
+        with self.output_context(method):
+            return estimator, getattr(estimator, method)(*args, **kwargs), dropped
+
+    def call(self, name, estimator, method, args, kwargs):
+        """``method`` of a fitted ``name``, if the catalogue lists it."""
+        if method not in lookup(name).methods or not callable(getattr(estimator, method, None)):
+            raise AttributeError(f"{name} has no method {method!r} that the bridge may call")
+        with self.output_context(method):
+            return getattr(estimator, method)(*args, **kwargs)
+
+    @staticmethod
+    def attribute(estimator, name):
+        """A public fitted attribute (``coef_`` ...); nothing else of the estimator is reachable."""
+        if not isinstance(name, str) or not FITTED_ATTRIBUTE.match(name):
+            raise AttributeError(f"{name!r} is not a public fitted attribute")
+        return getattr(estimator, name)
 
     def create_from_sklearn(self, name, params):
         """An unfitted estimator that does what scikit-learn's class does with ``params`` (accel)."""

@@ -24,7 +24,6 @@ import logging
 import math
 import os
 import pstats
-import re
 import signal
 import tempfile
 import threading
@@ -38,7 +37,7 @@ import numpy as np
 import zmq
 
 from sklearn_gpu_bridge import __version__
-from sklearn_gpu_bridge.catalogue import FIT_METHODS, lookup
+from sklearn_gpu_bridge.catalogue import lookup
 from sklearn_gpu_bridge.config import WORKER_DEFAULTS
 from sklearn_gpu_bridge.connect import ConnectionInfo, new_key, read_key_file, signing_key, write_connection_file
 from sklearn_gpu_bridge.errors import ConfigurationError, ProtocolError, VersionMismatch, describe
@@ -69,7 +68,6 @@ log = logging.getLogger("sklearn_gpu_bridge.worker")
 # a public fitted attribute: lower case, trailing underscore (coef_, n_iter_)
 #: device memory a request may need, as a multiple of its input: admission waits while it does not fit
 DEVICE_MEMORY_FACTOR = 4
-FITTED_ATTRIBUTE = re.compile(r"^[a-z][a-z0-9_]*_$")
 ALIGN = 64
 SWEEP_SECONDS = 1.0
 MAX_FRAMES = 1024  # frames in one message: a longer one is dropped as it is read
@@ -560,40 +558,29 @@ class Worker:
 
     def _op_fit(self, header, buffers):
         name, method = header.get("estimator"), header.get("method", "fit")
-        if method not in FIT_METHODS or not lookup(name).allows(method):
-            raise ProtocolError(f"{method!r} is not a fitting method of {name}")
-        args, kwargs = self._args(header, buffers)
+        self.backend.check_fit(name, method)
         changed = header.get("changed", [])
         if not isinstance(changed, list):
             raise ProtocolError("'changed' must be a list of parameter names")
-        params_from = header.get("params_from")
-        if params_from == "sklearn":  # accel: scikit-learn's class's parameters, mapped as cuML maps them
-            estimator, dropped = self.backend.create_from_sklearn(name, self._params(header, buffers)), []
-        elif params_from is None:
-            estimator, dropped = self.backend.create(name, self._params(header, buffers), changed)
-        else:
-            raise ProtocolError(f"unknown params_from {params_from!r}")
-        with self.backend.output_context(method):
-            result = getattr(estimator, method)(*args, **kwargs)
+        args, kwargs = self._args(header, buffers)
+        estimator, result, dropped = self.backend.fit(name, self._params(header, buffers), method, args, kwargs,
+                                                      changed, header.get("params_from"))
         handle = self.handles.add(estimator, name, header["client"])
         return self._reply_result(header, result, estimator, handle=handle, dropped=dropped)
 
     def _op_call(self, header, buffers):
         entry = self.handles.get(header.get("handle"), header["client"])
         method = header.get("method")
-        if method not in lookup(entry.name).methods or not callable(getattr(entry.estimator, method, None)):
+        if method not in lookup(entry.name).methods:  # refused before anything is decoded
             raise AttributeError(f"{entry.name} has no method {method!r} that the bridge may call")
         args, kwargs = self._args(header, buffers)
-        with self.backend.output_context(method):
-            result = getattr(entry.estimator, method)(*args, **kwargs)
+        result = self.backend.call(entry.name, entry.estimator, method, args, kwargs)
         return self._reply_result(header, result, entry.estimator)
 
     def _op_attribute(self, header, buffers):
         entry = self.handles.get(header.get("handle"), header["client"])
-        name = header.get("name")
-        if not isinstance(name, str) or not FITTED_ATTRIBUTE.match(name):
-            raise AttributeError(f"{name!r} is not a public fitted attribute")
-        return self._reply_result(header, getattr(entry.estimator, name), entry.estimator)
+        return self._reply_result(header, self.backend.attribute(entry.estimator, header.get("name")),
+                                  entry.estimator)
 
     def _op_echo(self, header, buffers):
         """Send the payload's arrays straight back: measures and tests the transport alone."""
