@@ -113,8 +113,8 @@ def _as_output(value, output_type, X):
 class _CumlArguments:
     """cuML's infrastructure arguments, taken as cuML takes them; what cannot be honoured is said once."""
 
-    def _remote_params(self):
-        params = super()._remote_params()
+    def _remote_params(self, own=None):
+        params = super()._remote_params(own)
         for name in ("handle", "verbose", "output_type"):
             params.pop(name, None)
         return params

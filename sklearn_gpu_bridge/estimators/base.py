@@ -163,11 +163,13 @@ class RemoteEstimator(BaseEstimator):
     def _fit_prepared(self, method, X, y, fit_kwargs):
         connection = get_connection()  # no worker: WorkerUnavailable; a fit never falls back
         args = [X] + ([] if y is None else [y])
-        params = self._remote_params()
         if self._accel_params is None:
-            fitted = connection.fit(self._remote_name, params, method, args, fit_kwargs, changed=self._changed())
+            own = self.get_params(deep=False)  # read once: what travels, and which the user changed
+            fitted = connection.fit(self._remote_name, self._remote_params(own), method, args, fit_kwargs,
+                                    changed=self._changed(own))
         else:  # accel: scikit-learn's class's parameters, mapped on the worker as cuML maps them
-            fitted = connection.fit(self._remote_name, params, method, args, fit_kwargs, params_from="sklearn")
+            fitted = connection.fit(self._remote_name, self._remote_params(), method, args, fit_kwargs,
+                                    params_from="sklearn")
         for key in _STATE_KEYS:
             self.__dict__.pop(key, None)
         self._remote = RemoteHandle(connection, fitted.handle)
@@ -187,13 +189,13 @@ class RemoteEstimator(BaseEstimator):
         if _state_sync() == "eager":
             self._pull_state()
 
-    def _remote_params(self):
-        """The parameters the worker builds its estimator with: the user's, and the wire's overrides."""
+    def _remote_params(self, own=None):
+        """The parameters the worker builds its estimator with: the user's (``own``, if read already),
+        and the wire's overrides."""
         if self._accel_params is not None:
             params = dict(self._accel_params)
         else:
-            params = self.get_params(deep=False)
-            params.update(self._wire_params)
+            params = {**(self.get_params(deep=False) if own is None else own), **self._wire_params}
         if self._target == "labels" and isinstance(params.get("class_weight"), dict):
             # the worker sees label codes, so class weights are keyed by code too
             codes = {label: code for code, label in enumerate(self.classes_.tolist())}
@@ -202,10 +204,10 @@ class RemoteEstimator(BaseEstimator):
             }
         return params
 
-    def _changed(self):
+    def _changed(self, own=None):
         """The parameters set away from their defaults: a worker may not ignore those (it refuses instead)."""
         defaults = _defaults(type(self))
-        return [name for name, value in self.get_params(deep=False).items()
+        return [name for name, value in (self.get_params(deep=False) if own is None else own).items()
                 if name in defaults and not _same(value, defaults[name])]
 
     # ------------------------------------------------------------ calling
