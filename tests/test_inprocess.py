@@ -6,6 +6,7 @@ the same backend: every result, fitted attribute and saved model must match.
 On the GPU machine the same comparison runs with cuML (``gpu`` mark).
 """
 
+import contextlib
 import subprocess
 import sys
 import textwrap
@@ -52,14 +53,22 @@ CASES = [
 ]
 
 
-@pytest.fixture
-def in_process():
-    """This process's connection replaced by the in-process one (scikit-learn backend), then restored."""
+@contextlib.contextmanager
+def _in_process(backend="sklearn"):
+    """This process's connection replaced by the in-process one, then restored."""
     client.reset_connection()
     with client._lock:
-        client._connection = InProcess(backend="sklearn")
-    yield client._connection
-    client.reset_connection()
+        client._connection = InProcess(backend=backend)
+    try:
+        yield client._connection
+    finally:
+        client.reset_connection()
+
+
+@pytest.fixture
+def in_process():
+    with _in_process() as connection:
+        yield connection
 
 
 def _through_worker(make, run, X, y):
@@ -72,14 +81,9 @@ def _through_worker(make, run, X, y):
 def test_in_process_answers_as_the_worker_does(name, make, run):
     X, y = _data()
     expected = _through_worker(make, run, X, y)
-    client.reset_connection()
-    with client._lock:
-        client._connection = InProcess(backend="sklearn")
-    try:
+    with _in_process():
         got = run(make(), X, y)
-        assert client._connection.pid is not None and isinstance(client.get_connection(), InProcess)
-    finally:
-        client.reset_connection()
+        assert isinstance(client.get_connection(), InProcess)
     assert type(got) is type(expected) and got.dtype == expected.dtype
     assert_same(got, expected)
 
@@ -172,13 +176,8 @@ def test_cuml_in_process_answers_as_a_cuml_worker():
     X, y = _data()
     for name, make, run in CASES:
         expected = _through_worker(make, run, X, y)
-        client.reset_connection()
-        with client._lock:
-            client._connection = InProcess(backend="cuml")
-        try:
+        with _in_process("cuml"):
             got = run(make(), X, y)
-        finally:
-            client.reset_connection()
         if name == "neighbors":
             np.testing.assert_array_equal(got, expected)
         else:
