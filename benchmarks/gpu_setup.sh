@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the checkout, after `bash .gpu-wheels/install.sh install`
 # (../shared/gpu/README.md): this project installed beside cuML in /tmp/gpu-site
-# (with Dask's wheels where .gpu-wheels/extra was carried), the tree before a change
-# in /tmp/before-site (where .gpu-wheels/before.tar, a `git archive`, was carried), a
-# client environment without cuML in /tmp/client-site (pyzmq and this project only),
+# (with Dask's and blake3's wheels where .gpu-wheels/extra was carried), the trees before a
+# change in /tmp/before-site and /tmp/before-NAME-site (where .gpu-wheels/before.tar and
+# before-NAME.tar, `git archive`s, were carried), a client environment without cuML in
+# /tmp/client-site (pyzmq, blake3 and this project only),
 # and /tmp/run holding tests/, benchmarks/ and setup.cfg (run from there, so that the
 # checkout's own package folders do not shadow the installed ones).
 set -euo pipefail
@@ -14,12 +15,14 @@ if [ -d .gpu-wheels/extra ]; then
   PYTHONPATH=$SITE python3 -c "import cuda.core" 2>/dev/null || "${PIP[@]}" --target "$SITE" .gpu-wheels/extra/cuda/*.whl
 fi
 "${PIP[@]}" --target "$SITE" .
-if [ -f .gpu-wheels/before.tar ]; then
-  rm -rf /tmp/before-src /tmp/before-site && mkdir -p /tmp/before-src
-  tar xf .gpu-wheels/before.tar -C /tmp/before-src && "${PIP[@]}" --target /tmp/before-site /tmp/before-src
-fi
+for tree in .gpu-wheels/before*.tar; do
+  [ -f "$tree" ] || continue
+  name=$(basename "$tree" .tar)
+  rm -rf "/tmp/$name-src" "/tmp/$name-site" && mkdir -p "/tmp/$name-src"
+  tar xf "$tree" -C "/tmp/$name-src" && "${PIP[@]}" --target "/tmp/$name-site" "/tmp/$name-src"
+done
 rm -rf /tmp/client-site && mkdir -p /tmp/client-site
-cp -r "$SITE"/zmq "$SITE"/pyzmq* /tmp/client-site/ && "${PIP[@]}" --target /tmp/client-site .
+cp -r "$SITE"/zmq "$SITE"/pyzmq* "$SITE"/blake3* /tmp/client-site/ && "${PIP[@]}" --target /tmp/client-site .
 rm -rf /tmp/run && mkdir -p /tmp/run && cp -r tests benchmarks setup.cfg /tmp/run/
 PYTHONPATH=$SITE python3 -c "import cuml, sklearn_gpu_bridge; print('cuml', cuml.__version__)"
 PYTHONPATH=$SITE python3 -c "import dask_cuda, distributed; print('dask-cuda', dask_cuda.__version__, 'distributed', distributed.__version__)" || true

@@ -22,7 +22,8 @@ from sklearn_gpu_bridge.client import Connection
 from sklearn_gpu_bridge.errors import rebuild as rebuild_error
 from sklearn_gpu_bridge.connect import read_connection_file
 from sklearn_gpu_bridge.errors import CacheMiss
-from sklearn_gpu_bridge.protocol import BoundedLRU, Decoder, Encoder, KnownArrays, fingerprint
+from sklearn_gpu_bridge.protocol import BoundedLRU, Decoder, Encoder, KnownArrays, Session, fingerprint
+from sklearn_gpu_bridge.protocol.session import buffer_digest
 
 from .conftest import BACKEND, WorkerProcess, assert_same, assert_ulps, use_worker
 from .test_security import RawClient
@@ -72,6 +73,20 @@ def test_fingerprint_is_of_content_dtype_shape_and_order():
     Y = X.copy()
     Y[-1, -1] += 1
     assert key != fingerprint(X.dtype.str, Y.shape, "C", _raw(Y))
+
+
+def test_an_offered_array_is_hashed_once_and_its_frame_digest_is_the_one_signed():
+    """The cache key is made from the frame's digest: the header lists that digest, and it is the frame's."""
+    X = _data().astype(np.float32)
+    encoder = Encoder(cache=KnownArrays(max_bytes=1 << 30, min_bytes=MIN_BYTES))
+    encoder.array(X)
+    (index, digest), = encoder.digests.items()
+    assert digest == buffer_digest(encoder.buffers[index])
+    assert encoder.offered[0][0] == fingerprint(X.dtype.str, X.shape, "C", _raw(X))
+    session = Session(b"k" * 32)
+    header = {"op": "echo"}
+    frames = session.pack(header, encoder.buffers, encoder.digests)
+    assert Session(b"k" * 32).unpack(frames)[0]["digests"] == [digest]
 
 
 def test_bounded_lru_keeps_the_most_recently_used_within_its_bytes():

@@ -69,10 +69,10 @@ def _capture(process):
     captured = []
     pack = Session.pack
 
-    def recording_pack(session, header, buffers=()):
+    def recording_pack(session, header, buffers=(), digests=None):
         if header.get("op") not in ("goodbye", "shutdown"):
             captured.append((copy.deepcopy(header), [_bytes(b) for b in buffers]))
-        return pack(session, header, buffers)
+        return pack(session, header, buffers, digests)
 
     rng = np.random.default_rng(0)
     X, Xbig = rng.standard_normal((40, 5)), rng.standard_normal((400, 30))  # inline, and 96 KB: pool or frames
