@@ -59,6 +59,21 @@ for stage in "$@"; do
       step 330 "$log" "${PYTEST[@]}" -q -rfEs --tb=short tests/test_sparse.py tests/test_portable.py \
         tests/test_workflows.py tests/test_inprocess.py
       step 240 "$OUT/pytest-cuml-checks.txt" "${PYTEST[@]}" -q -rfEs --tb=short tests/test_estimator_checks.py ;;
+    recheck)  # issues 13/14 after the fixes of the first runs: the faithful tests, every check, accel's tests
+      step 330 "$OUT/pytest-cuml-faithful.txt" "${PYTEST[@]}" -q -rfEs --tb=short tests/test_sparse.py \
+        tests/test_portable.py tests/test_workflows.py tests/test_inprocess.py
+      step 240 "$OUT/pytest-cuml-checks.txt" "${PYTEST[@]}" -q -rfEs --tb=short tests/test_estimator_checks.py
+      step 300 "$OUT/pytest-cuml-accel.txt" "${PYTEST[@]}" -q -rfEs --tb=short tests/test_accel.py ;;
+    frames)  # issue 12: the frames path before frames were signed (/tmp/before-trust-site), with SHA-256
+      # digests (/tmp/before-site), and now (BLAKE3), alternated, with this machine's cores
+      for round in 1 2; do
+        for tree in before-trust before now; do
+          site=/tmp/$tree-site; [ "$tree" = now ] && site=
+          step 150 "$OUT/overhead-frames.txt" env PYTHONPATH="$site${site:+:}$PYTHONPATH" python3 \
+            benchmarks/overhead.py --backend cuml --repeats 50 --large-repeats 9 \
+            --out "$OUT/overhead-cuml-$tree-$round.json"
+        done
+      done ;;
     checks13)  # the bridge against cuML in process, check by check (benchmarks/gpu_checks.py)
       step 300 "$OUT/gpu-checks.txt" python3 benchmarks/gpu_checks.py --out "$OUT/gpu-checks.json" ;;
     speed)  # issue 15: the per-call cases and the n_jobs grid, before (BEFORE_SITE) and after, in one run
