@@ -79,9 +79,22 @@ QUICKSTART = textwrap.dedent("""
 """)
 
 
+#: sys.path of a client without cuML, for the scripts these tests start (on the GPU machine, where this
+#: process imports cuML for the worker: on_gpu.sh sets it to a site of pyzmq, blake3 and this package only)
+CLIENT_PATH = os.environ.get("SKLEARN_GPU_BRIDGE_TEST_CLIENT_PATH")
+client_without_cuml = pytest.mark.skipif(
+    CLIENT_PATH is None and cuml_alias.real_cuml_importable(),
+    reason="about a client without cuML, and this process can import one: set SKLEARN_GPU_BRIDGE_TEST_CLIENT_PATH "
+           "to a sys.path without cuML (benchmarks/on_gpu.sh does)")
+
+
+def _client_env():
+    return {"PYTHONPATH": CLIENT_PATH} if CLIENT_PATH is not None else {}
+
+
 def _python(*args, tmp_path, env=None):
     run = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                         env={**os.environ, **(env or {})})
+                         env={**os.environ, **_client_env(), **(env or {})})
     assert run.returncode == 0, run.stderr[-3000:]
     return run
 
@@ -263,6 +276,7 @@ IMPORT_PATHS = [("cuml", name) for name in sorted(ESTIMATORS) if name not in cum
     (f"cuml.{row.module}", name) for name, row in sorted(ESTIMATORS.items())]
 
 
+@client_without_cuml
 def test_every_cuml_import_path_of_a_wrapped_class_works(tmp_path):
     code = "import importlib\n" + "".join(
         f"assert importlib.import_module({module!r}).{name}.__name__ == {name!r}\n" for module, name in IMPORT_PATHS)
@@ -279,6 +293,7 @@ def test_every_cuml_import_path_of_a_wrapped_class_works(tmp_path):
     assert out.stdout.startswith("ok")
 
 
+@client_without_cuml
 def test_output_types_numpy_pandas_and_input(tmp_path):
     code = textwrap.dedent("""
         import sklearn_gpu_bridge.cuml_alias as a; a.enable()
@@ -311,15 +326,24 @@ def test_the_alias_never_shadows_a_real_cuml(tmp_path):
         except Exception as exc:
             print(type(exc).__name__)
     """)
-    out = _python("-c", code, tmp_path=tmp_path, env={"PYTHONPATH": str(tmp_path / "site")}).stdout.split()
+    client_path = CLIENT_PATH if CLIENT_PATH is not None else os.environ.get("PYTHONPATH", "")
+    out = _python("-c", code, tmp_path=tmp_path,
+                  env={"PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path / "site"), client_path]))})
+    out = out.stdout.split()
     assert out == ["True", "True", "ConfigurationError"]
 
 
+@client_without_cuml
 def test_alias_install_makes_import_cuml_work_in_the_environment_and_uninstall_removes_it(tmp_path):
     venv = tmp_path / "env"
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=120)
     python = str(venv / "bin" / "python")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    # this interpreter's path (the new environment sees only the base one's packages); for a client without
+    # cuML, its own site first and no folder that holds a real cuML
+    path = [p for p in sys.path if p]
+    if CLIENT_PATH is not None:
+        path = [CLIENT_PATH] + [p for p in path if not os.path.isdir(os.path.join(p, "cuml"))]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
     probe = [python, "-c", "import cuml; print(cuml.__name__, cuml.__sklearn_gpu_bridge__)"]
     assert subprocess.run(probe, capture_output=True, env=env, timeout=60).returncode != 0
     install = subprocess.run([python, "-m", "sklearn_gpu_bridge", "alias", "install"], capture_output=True,
