@@ -12,6 +12,7 @@ between cuML and scikit-learn lives beside it, in :mod:`.translate`.
 Shared by both sides: imports nothing of the package.
 """
 
+import importlib
 from typing import NamedTuple
 
 #: methods that create the remote estimator (op "fit"); the others run on a fitted one (op "call")
@@ -123,3 +124,18 @@ def lookup(name):
     if row is None:
         raise ValueError(f"unknown estimator {name!r}; the bridge offers {sorted(ESTIMATORS)}")
     return row
+
+
+def load(path):
+    """The class a dotted path names (a row's ``sklearn`` or ``cuml`` column, a stand-in's path)."""
+    module, _, name = path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+#: set on the ``cuml`` module that sklearn-gpu-bridge's alias provides (:mod:`.cuml_alias`)
+ALIAS_MARKER = "__sklearn_gpu_bridge__"
+
+
+def is_cuml_alias(module):
+    """Whether a ``cuml`` module is this package's alias, not cuML itself."""
+    return bool(getattr(module, ALIAS_MARKER, False))

@@ -23,7 +23,7 @@ import types
 import warnings
 from pathlib import Path
 
-from .catalogue import ESTIMATORS
+from .catalogue import ALIAS_MARKER, ESTIMATORS
 
 #: cuML's top-level names among the wrapped classes (cuml/__init__.py of 26.10): all but these
 NOT_AT_TOP_LEVEL = {
@@ -219,7 +219,7 @@ class _AliasModule(types.ModuleType):
 def _populate(module):
     name = module.__name__
     submodules = _submodules()
-    module.__dict__["__sklearn_gpu_bridge__"] = True
+    module.__dict__[ALIAS_MARKER] = True
     if name == "cuml":
         module._classes = sorted(n for n in ESTIMATORS if n not in NOT_AT_TOP_LEVEL)
         module._submodules = sorted(set(submodules) | set(FUNCTIONS) | {"common"})
@@ -275,10 +275,6 @@ def enable():
     """Serve ``import cuml`` from the bridge where no real cuML is importable (idempotent)."""
     if not any(isinstance(f, CumlAliasFinder) for f in sys.meta_path):
         sys.meta_path.append(CumlAliasFinder())
-
-
-def is_alias(module):
-    return getattr(module, "__sklearn_gpu_bridge__", False)
 
 
 # ---------------------------------------------------------------- for an environment: a .pth file

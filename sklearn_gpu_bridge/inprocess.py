@@ -18,6 +18,7 @@ import sys
 import threading
 from collections import Counter
 
+from .catalogue import is_cuml_alias
 from .config import get_setting
 from .errors import ConfigurationError
 from .protocol import PROTOCOL_VERSION, Capabilities, to_plain
@@ -42,7 +43,7 @@ def _in_dask_worker():
 def _cuml_importable():
     """Whether the real cuML can be imported here (this package's ``cuml`` alias is not cuML)."""
     module = sys.modules.get("cuml")
-    if module is not None and not getattr(module, "__sklearn_gpu_bridge__", False):
+    if module is not None and not is_cuml_alias(module):
         return True
     from .cuml_alias import real_cuml_importable
 

@@ -10,7 +10,6 @@ translated as cuML's own ``as_sklearn()`` would (:mod:`sklearn_gpu_bridge.transl
 
 import contextlib
 import functools
-import importlib
 import inspect
 import logging
 import platform
@@ -19,7 +18,7 @@ import re
 import cloudpickle
 import numpy as np
 
-from sklearn_gpu_bridge.catalogue import FIT_METHODS, NEUTRAL, lookup
+from sklearn_gpu_bridge.catalogue import FIT_METHODS, NEUTRAL, is_cuml_alias, load, lookup
 from sklearn_gpu_bridge.errors import NotOnWorker, ProtocolError
 from sklearn_gpu_bridge.translate import to_sklearn
 
@@ -38,11 +37,6 @@ STAND_INS = {
     "GaussianNB": "sklearn_gpu_bridge.portable.CumlLikeGaussianNB",
     "CategoricalNB": "sklearn_gpu_bridge.portable.CumlLikeCategoricalNB",
 }
-
-
-def _load(path):
-    module, _, name = path.rpartition(".")
-    return getattr(importlib.import_module(module), name)
 
 
 #: the attributes a client may read: public fitted ones (``coef_``), never ``__dict__`` or a method
@@ -88,7 +82,7 @@ class Backend:
     def estimator_class(self, name):
         cls = self._classes.get(name)
         if cls is None:
-            cls = self._classes[name] = _load(getattr(lookup(name), self.column))
+            cls = self._classes[name] = load(getattr(lookup(name), self.column))
         return cls
 
     def create(self, name, params, changed=()):
@@ -150,7 +144,7 @@ class Backend:
 
     def create_from_sklearn(self, name, params):
         """An unfitted estimator that does what scikit-learn's class does with ``params`` (accel)."""
-        return _load(lookup(name).sklearn)(**params)
+        return load(lookup(name).sklearn)(**params)
 
     def export_state(self, estimator):
         """(portable bytes or None, native bytes or None) of a fitted estimator."""
@@ -162,8 +156,8 @@ class Backend:
             raise ValueError(f"the {self.name} backend takes portable state only, not {form!r}")
         model = cloudpickle.loads(blob)
         # scikit-learn's class, cuML's way of it (portable.py), or this backend's own
-        expected = (_load(lookup(name).sklearn), self.estimator_class(name)) + \
-            ((_load(STAND_INS[name]),) if name in STAND_INS else ())
+        expected = (load(lookup(name).sklearn), self.estimator_class(name)) + \
+            ((load(STAND_INS[name]),) if name in STAND_INS else ())
         if not isinstance(model, expected):
             raise TypeError(f"state is a {type(model).__name__}, expected {expected[0].__name__}")
         return model
@@ -186,7 +180,7 @@ class SklearnBackend(Backend):
 
     def estimator_class(self, name):
         if name in STAND_INS:
-            return self._classes.setdefault(name, _load(STAND_INS[name]))
+            return self._classes.setdefault(name, load(STAND_INS[name]))
         return super().estimator_class(name)
 
     def _translate(self, name, params):
@@ -203,7 +197,7 @@ class CumlBackend(Backend):
         super().__init__()
         import cuml
 
-        if getattr(cuml, "__sklearn_gpu_bridge__", False):  # `alias install` in this environment: not cuML
+        if is_cuml_alias(cuml):  # `alias install` in this environment
             raise ImportError("no cuML here: `import cuml` gives sklearn-gpu-bridge's alias")
         cuml.set_global_output_type("numpy")
         self._cuml = cuml

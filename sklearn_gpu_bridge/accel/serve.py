@@ -14,14 +14,13 @@ its method lacks, no worker at all) runs on this CPU with scikit-learn, and
 """
 
 import functools
-import importlib
 import threading
 import weakref
 
 from sklearn.base import ClassifierMixin
 from sklearn.utils._set_output import _wrap_method_output
 
-from ..catalogue import ESTIMATORS
+from ..catalogue import ESTIMATORS, load
 from . import report
 
 #: classes not served: scikit-learn's class answers something else than cuML's (the MBSGD rows are SGD's
@@ -43,8 +42,7 @@ def served_classes():
     out = {}
     for name, row in ESTIMATORS.items():
         if name not in NOT_SERVED and row.sklearn.startswith("sklearn."):
-            module, _, attr = row.sklearn.rpartition(".")
-            out[name] = getattr(importlib.import_module(module), attr)
+            out[name] = load(row.sklearn)
     return out
 
 
