@@ -43,14 +43,19 @@ def _copy_fitted(source, target, names):
     return target
 
 
+def _built(cls, params):
+    """``cls`` made with those of ``params`` it takes (cuML's classes take more, or other, parameters)."""
+    takes = cls().get_params()
+    return cls(**{k: v for k, v in params.items() if k in takes})
+
+
 def svc(model):
     from sklearn_gpu_bridge.portable import CumlLikeSVC
 
     if not hasattr(model, "_multiclass"):
         return model.as_sklearn()
     wrapper = model._multiclass.multiclass_estimator
-    params = {k: v for k, v in model.get_params().items() if k in CumlLikeSVC().get_params()}
-    portable = CumlLikeSVC(**params)
+    portable = _built(CumlLikeSVC, model.get_params())
     portable.estimators_ = [binary.as_sklearn() for binary in wrapper.estimators_]
     portable.classes_ = host(model.classes_)
     portable.n_features_in_ = model.n_features_in_
@@ -60,8 +65,7 @@ def svc(model):
 def target_encoder(model):
     from sklearn_gpu_bridge.portable import CumlLikeTargetEncoder
 
-    portable = CumlLikeTargetEncoder(**{k: v for k, v in model.get_params().items()
-                                        if k in CumlLikeTargetEncoder().get_params()})
+    portable = _built(CumlLikeTargetEncoder, model.get_params())
     portable.n_features_in_ = model.n_features_in_
     portable.categories_ = [host(c) for c in model.categories_]
     portable.target_type_, portable.classes_ = model.target_type_, getattr(model, "classes_", None)
@@ -82,8 +86,7 @@ def target_encoder(model):
 def scaler(model):
     from sklearn import preprocessing
 
-    cls = getattr(preprocessing, type(model).__name__)
-    target = cls(**{k: v for k, v in model.get_params().items() if k in cls().get_params()})
+    target = _built(getattr(preprocessing, type(model).__name__), model.get_params())
     return _copy_fitted(model, target, ("min_", "scale_", "data_min_", "data_max_", "data_range_", "max_abs_",
                                          "n_samples_seen_"))
 
@@ -100,8 +103,7 @@ def naive_bayes(model):
     from sklearn import naive_bayes
 
     name = type(model).__name__
-    cls = getattr(naive_bayes, name)
-    target = cls(**{k: v for k, v in model.get_params().items() if k in cls().get_params()})
+    target = _built(getattr(naive_bayes, name), model.get_params())
     target.classes_ = host(model.classes_)
     if name == "GaussianNB":
         target.theta_, target.var_ = host(model.theta_), host(model.sigma_)
@@ -140,8 +142,7 @@ def mbsgd(model):
 
     classifier = type(model).__name__ == "MBSGDClassifier"
     cls = CumlLikeSGDClassifier if classifier else SGDRegressor
-    params = to_sklearn(type(model).__name__, model.get_params())
-    target = cls(**{k: v for k, v in params.items() if k in cls().get_params()})
+    target = _built(cls, to_sklearn(type(model).__name__, model.get_params()))
     coef = host(model.coef_).reshape(1, -1) if classifier else host(model.coef_).ravel()
     target.coef_, target.intercept_ = coef, np.atleast_1d(host(model.intercept_)).astype(coef.dtype)
     if classifier:
@@ -153,7 +154,7 @@ def mbsgd(model):
 def hdbscan(model):
     from sklearn.cluster import HDBSCAN
 
-    target = HDBSCAN(**{k: v for k, v in model.get_params().items() if k in HDBSCAN().get_params()})
+    target = _built(HDBSCAN, model.get_params())
     return _copy_fitted(model, target, ("labels_", "probabilities_"))
 
 
