@@ -31,23 +31,8 @@ from sklearn.base import BaseEstimator, ClassifierMixin, TransformerMixin
 from sklearn.linear_model import SGDClassifier
 from sklearn.naive_bayes import CategoricalNB, GaussianNB
 from sklearn.svm import SVC
-from sklearn.utils.multiclass import check_classification_targets, type_of_target
+from sklearn.utils.multiclass import _ovr_decision_function, check_classification_targets, type_of_target
 from sklearn.utils.validation import check_is_fitted, column_or_1d, validate_data
-
-
-def ovo_decision(predictions, confidences, n_classes):
-    """Votes plus a confidence term in (-1/3, 1/3): scikit-learn's ``_ovr_decision_function``, which cuML uses."""
-    votes = np.zeros((predictions.shape[0], n_classes))
-    sums = np.zeros((predictions.shape[0], n_classes))
-    k = 0
-    for i in range(n_classes):
-        for j in range(i + 1, n_classes):
-            sums[:, i] -= confidences[:, k]
-            sums[:, j] += confidences[:, k]
-            votes[predictions[:, k] == 0, i] += 1
-            votes[predictions[:, k] == 1, j] += 1
-            k += 1
-    return votes + sums / (3 * (np.abs(sums) + 1))
 
 
 class CumlLikeSVC(ClassifierMixin, BaseEstimator):
@@ -124,7 +109,8 @@ class CumlLikeSVC(ClassifierMixin, BaseEstimator):
         if self.decision_function_shape == "ovr":
             return np.column_stack([e.decision_function(X) for e in self.estimators_])
         confidences = np.column_stack([e.decision_function(X) for e in self.estimators_])
-        return ovo_decision((confidences >= 0).astype(int), confidences, len(self.classes_))
+        # votes plus a confidence term in (-1/3, 1/3): scikit-learn's own one-vs-one scores, which cuML uses
+        return _ovr_decision_function((confidences >= 0).astype(int), confidences, len(self.classes_))
 
     def predict(self, X):
         scores = self.decision_function(X)

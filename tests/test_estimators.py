@@ -25,11 +25,11 @@ from sklearn.multiclass import OneVsOneClassifier
 from sklearn.pipeline import Pipeline
 from sklearn.preprocessing import StandardScaler
 from sklearn.svm import SVC
+from sklearn.utils.multiclass import _ovr_decision_function
 
 import sklearn_gpu_bridge
 from sklearn_gpu_bridge import GPUKMeans, GPULogisticRegression, GPUPCA, GPUStandardScaler, GPUSVC
 from sklearn_gpu_bridge.errors import RemoteTraceback
-from sklearn_gpu_bridge.portable import ovo_decision
 
 from .conftest import BACKEND, assert_same
 
@@ -132,7 +132,7 @@ def test_class_weight_keyed_by_user_labels():
         svc = SVC(cache_size=1024).fit(X_IRIS[rows], Y_IRIS[rows] == j, sample_weight=sample_weight[rows])
         confidences.append(svc.decision_function(X_IRIS))
     confidences = np.column_stack(confidences)
-    assert_same(bridged.decision_function(X_IRIS), ovo_decision((confidences >= 0).astype(int), confidences, 3))
+    assert_same(bridged.decision_function(X_IRIS), _ovr_decision_function((confidences >= 0).astype(int), confidences, 3))
 
 
 def _pipelines(multiclass=False):
