@@ -129,7 +129,7 @@ def test_a_scikit_learn_script_runs_unmodified_with_the_same_answers(tmp_path, c
     fits = connection.status()["requests"].get("fit", 0) - before
     assert fits >= 3 * 3 * 2 + 5  # every fold's scaler and SVC (in joblib's children too), and the other five
     got, want = _lines(served.stdout), _lines(plain.stdout)
-    if BACKEND == "sklearn":
+    if BACKEND == "sklearn":  # every number printed is an accuracy (a ratio of label counts) or a label count
         assert got == want
     else:  # cuML: the same choices; scores within a few points
         assert got[0].split("[")[0] == want[0].split("[")[0] and got[-1] == want[-1]

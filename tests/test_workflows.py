@@ -101,7 +101,8 @@ def test_tfidf_then_nearest_neighbors_by_cosine():
     distances, indices = bridged.kneighbors(X[:50])
     want_distances, want_indices = direct.kneighbors(X[:50])
     scores_agree(distances, want_distances, points=1e-4)
-    assert np.mean(indices == want_indices) >= (1.0 if BACKEND == "sklearn" else 0.9)  # ties may swap on cuML
+    # neighbours at the same distance (repeated documents) may come in either order, on any backend
+    assert np.mean(indices == want_indices) >= (0.98 if BACKEND == "sklearn" else 0.9)
 
 
 def test_tfidf_then_truncated_svd_says_what_to_do_then_kmeans_on_the_reduced_data():
