@@ -113,7 +113,7 @@ def _as_output(value, output_type, X):
 class _CumlArguments:
     """cuML's infrastructure arguments, taken as cuML takes them; what cannot be honoured is said once."""
 
-    def _remote_params(self, own=None):
+    def _remote_params(self, own):
         params = super()._remote_params(own)
         for name in ("handle", "verbose", "output_type"):
             params.pop(name, None)

@@ -168,7 +168,7 @@ class RemoteEstimator(BaseEstimator):
             fitted = connection.fit(self._remote_name, self._remote_params(own), method, args, fit_kwargs,
                                     changed=self._changed(own))
         else:  # accel: scikit-learn's class's parameters, mapped on the worker as cuML maps them
-            fitted = connection.fit(self._remote_name, self._remote_params(), method, args, fit_kwargs,
+            fitted = connection.fit(self._remote_name, self._remote_params(None), method, args, fit_kwargs,
                                     params_from="sklearn")
         for key in _STATE_KEYS:
             self.__dict__.pop(key, None)
@@ -189,13 +189,13 @@ class RemoteEstimator(BaseEstimator):
         if _state_sync() == "eager":
             self._pull_state()
 
-    def _remote_params(self, own=None):
-        """The parameters the worker builds its estimator with: the user's (``own``, if read already),
-        and the wire's overrides."""
+    def _remote_params(self, own):
+        """The parameters the worker builds its estimator with: the user's (``own``: ``get_params``, read
+        once by the caller) and the wire's overrides; under accel, the scikit-learn class's (``own`` unused)."""
         if self._accel_params is not None:
             params = dict(self._accel_params)
         else:
-            params = {**(self.get_params(deep=False) if own is None else own), **self._wire_params}
+            params = {**own, **self._wire_params}
         if self._target == "labels" and isinstance(params.get("class_weight"), dict):
             # the worker sees label codes, so class weights are keyed by code too
             codes = {label: code for code, label in enumerate(self.classes_.tolist())}
@@ -204,11 +204,10 @@ class RemoteEstimator(BaseEstimator):
             }
         return params
 
-    def _changed(self, own=None):
-        """The parameters set away from their defaults: a worker may not ignore those (it refuses instead)."""
+    def _changed(self, own):
+        """Of ``own`` (``get_params``), those set away from their defaults: a worker may not ignore them."""
         defaults = _defaults(type(self))
-        return [name for name, value in (self.get_params(deep=False) if own is None else own).items()
-                if name in defaults and not _same(value, defaults[name])]
+        return [name for name, value in own.items() if name in defaults and not _same(value, defaults[name])]
 
     # ------------------------------------------------------------ calling
 
