@@ -228,7 +228,7 @@ class CumlBackend(Backend):
         sklearn_class = lookup(name).sklearn.rpartition(".")[2]
         # as_sklearn() and from_sklearn() go both ways: the portable form is all there is to carry
         exact = (portable is not None and type(portable).__name__ == sklearn_class
-                 and (name not in forms.BUILDERS or name == "SVC") and name != "IsolationForest")
+                 and name not in forms.NOT_ROUND_TRIP)
         return (None if portable is None else cloudpickle.dumps(portable),
                 None if exact else cloudpickle.dumps(estimator))
 

@@ -166,6 +166,14 @@ def umap(model):
     return model.as_sklearn()
 
 
+#: classes whose portable form does not go back into cuML as it was, so their cuML (native) state travels
+#: too: those built here (cuML has no conversion back, or a lossy one), but a binary SVC (cuML's own
+#: as_sklearn/from_sklearn; a multiclass one is a CumlLikeSVC, not scikit-learn's class), and
+#: IsolationForest (cuML 26.10 converts a fitted one to scikit-learn but not back)
+NOT_ROUND_TRIP = frozenset({"TargetEncoder", "MinMaxScaler", "MaxAbsScaler", "PolynomialFeatures", "GaussianNB",
+                            "MultinomialNB", "BernoulliNB", "ComplementNB", "CategoricalNB", "MBSGDClassifier",
+                            "MBSGDRegressor", "HDBSCAN", "UMAP", "IsolationForest"})
+
 BUILDERS = {
     "SVC": svc, "TargetEncoder": target_encoder, "MinMaxScaler": scaler, "MaxAbsScaler": scaler,
     "PolynomialFeatures": polynomial_features, "GaussianNB": naive_bayes, "MultinomialNB": naive_bayes,
