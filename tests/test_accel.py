@@ -212,6 +212,9 @@ def test_what_the_worker_cannot_do_runs_on_the_cpu_and_the_report_says_why(accel
     assert km.cluster_centers_.shape == (3, 2)
     assert "Sparse data" in next(iter(report.calls()["KMeans.fit"]["reasons"]))
     assert report.calls()["SVC.fit"]["cpu"] == 1 and report.calls()["KMeans.fit"]["cpu"] == 1
+    model = SVC(decision_function_shape="ovo").fit(X, y=y)  # y by keyword: the same check
+    assert report.calls()["SVC.fit"]["cpu"] == 2
+    assert model.decision_function(X).shape == (len(X), 3)  # scikit-learn's pairs (3 of them for 3 classes)
     assert "why on the CPU" in report.table() and "multiclass SVC" in report.table()
 
 

@@ -100,7 +100,7 @@ def _fitting(name, cls, method, original):
             return original(self, *args, **kwargs)
         try:
             wrapper = _wrapper(name, self)
-            _refuse_what_cuml_does_otherwise(name, self, args)
+            _refuse_what_cuml_does_otherwise(name, args, kwargs)
             result = getattr(wrapper, method)(*args, **kwargs)
             _adopt(self, wrapper)
         except Exception as exc:  # noqa: BLE001 - whatever the worker could not do, scikit-learn does here
@@ -144,12 +144,13 @@ def _wrapper(name, estimator):
     return wrapper
 
 
-def _refuse_what_cuml_does_otherwise(name, estimator, args):
+def _refuse_what_cuml_does_otherwise(name, args, kwargs):
     """What cuml.accel also leaves to the CPU before a fit: a multiclass SVC (cuML's answers per class)."""
-    if name == "SVC" and len(args) > 1:
+    y = args[1] if len(args) > 1 else kwargs.get("y")
+    if name == "SVC" and y is not None:
         import numpy as np
 
-        if len(np.unique(np.asarray(args[1]))) > 2:
+        if len(np.unique(np.asarray(y))) > 2:
             raise NotImplementedError("multiclass SVC: cuML's is one-vs-one with a column per class, "
                                       "scikit-learn's decision function is another")
 
