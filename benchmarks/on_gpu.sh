@@ -78,6 +78,13 @@ for stage in "$@"; do
             --out "$OUT/overhead-cuml-$tree-$round.json"
         done
       done ;;
+    mends)  # after the review's mends to the worker's portable forms: state, portable forms, estimators
+      step 330 "$OUT/pytest-cuml-mends.txt" "${PYTEST[@]}" -q -rfEs --tb=short tests/test_portable.py \
+        tests/test_state.py tests/test_estimators.py ;;
+    concurrency)  # issue 15: do fits from several threads overlap on the GPU (cuML alone, then the grid)?
+      step 200 "$OUT/gpu-concurrency.txt" python3 benchmarks/gpu_concurrency.py --out "$OUT/gpu-concurrency.json"
+      step 300 "$OUT/grid-per-thread-stream.txt" env CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1 python3 benchmarks/e2e.py \
+        --parts grid --repeats 1 --threads 4 --grid-ways "bridge|bridge n_jobs=4" --out "$OUT/e2e-grid-per-thread.json" ;;
     checks13)  # the bridge against cuML in process, check by check (benchmarks/gpu_checks.py)
       step 300 "$OUT/gpu-checks.txt" python3 benchmarks/gpu_checks.py --out "$OUT/gpu-checks.json" ;;
     speed)  # issue 15: the per-call cases and the n_jobs grid, before (BEFORE_SITE) and after, in one run
