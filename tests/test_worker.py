@@ -182,3 +182,30 @@ def test_worker_profile_env_writes_the_requests_profile_at_exit(tmp_path, monkey
         use_worker(worker)
     functions = {name for _, _, name in pstats.Stats(str(tmp_path / "worker.prof")).stats}
     assert "_op_fit" in functions
+
+
+_SEARCH_IN_CHILDREN = textwrap.dedent("""
+    import sys
+    import numpy as np
+    import sklearn_gpu_bridge
+    from sklearn.model_selection import cross_val_score
+    from sklearn.pipeline import make_pipeline
+    from sklearn_gpu_bridge import GPULogisticRegression, GPUStandardScaler
+
+    sklearn_gpu_bridge.set_config(connection_file=sys.argv[1], start_local_worker=False)
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((300, 4))
+    y = (X[:, 0] > 0).astype(int)
+    print(cross_val_score(make_pipeline(GPUStandardScaler(), GPULogisticRegression()), X, y, cv=4, n_jobs=2).size)
+""")
+
+
+def test_the_processes_of_a_search_use_the_worker_the_caller_was_pointed_at(worker, connection, tmp_path):
+    """set_config(connection_file=...) in the caller reaches joblib's processes (before, they found no worker)."""
+    env = {k: v for k, v in os.environ.items() if k != "SKLEARN_GPU_BRIDGE_CONNECTION_FILE"}
+    before = connection.status()["requests"].get("fit", 0)
+    run = subprocess.run([sys.executable, "-c", _SEARCH_IN_CHILDREN, str(worker.connection_file)],
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split() == ["4"]
+    assert connection.status()["requests"].get("fit", 0) - before >= 2 * 4  # each fold's scaler and model
