@@ -85,6 +85,17 @@ for stage in "$@"; do
       step 200 "$OUT/gpu-concurrency.txt" python3 benchmarks/gpu_concurrency.py --out "$OUT/gpu-concurrency.json"
       step 300 "$OUT/grid-per-thread-stream.txt" env CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1 python3 benchmarks/e2e.py \
         --parts grid --repeats 1 --threads 4 --grid-ways "bridge|bridge n_jobs=4" --out "$OUT/e2e-grid-per-thread.json" ;;
+    njobs)  # issue 15 after the default of 4 worker threads and children that follow set_config: small calls
+      # before (BEFORE_SITE) and after, then the grid's n_jobs rows with the default worker (3 repeats each)
+      small="StandardScaler fit_transform 5000x20|SVC(rbf) fit+predict 500x20|LogisticRegression fit+predict 5000x20"
+      if [ -n "${BEFORE_SITE:-}" ]; then
+        step 200 "$OUT/njobs-small-before.txt" env PYTHONPATH="$BEFORE_SITE:$PYTHONPATH" python3 benchmarks/e2e.py \
+          --parts cases --only "$small" --out "$OUT/e2e-small-before.json"
+      fi
+      step 200 "$OUT/njobs-small-after.txt" python3 benchmarks/e2e.py --parts cases --only "$small" \
+        --out "$OUT/e2e-small-after.json"
+      step 300 "$OUT/njobs-grid.txt" python3 benchmarks/e2e.py --parts grid --repeats 3 \
+        --grid-ways "bridge|bridge n_jobs=4|bridge n_jobs=-1|cuml" --out "$OUT/e2e-grid-njobs.json" ;;
     checks13)  # the bridge against cuML in process, check by check (benchmarks/gpu_checks.py)
       step 300 "$OUT/gpu-checks.txt" python3 benchmarks/gpu_checks.py --out "$OUT/gpu-checks.json" ;;
     speed)  # issue 15: the per-call cases and the n_jobs grid, before (BEFORE_SITE) and after, in one run
