@@ -209,3 +209,16 @@ def test_the_processes_of_a_search_use_the_worker_the_caller_was_pointed_at(work
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.split() == ["4"]
     assert connection.status()["requests"].get("fit", 0) - before >= 2 * 4  # each fold's scaler and model
+
+
+def test_set_config_sets_the_connection_file_for_children_and_puts_the_environment_back(monkeypatch):
+    variable = "SKLEARN_GPU_BRIDGE_CONNECTION_FILE"
+    sklearn_gpu_bridge.set_config(connection_file=None)  # what the environment said before this session's worker
+    monkeypatch.setenv(variable, "/from/the/environment.json")
+    sklearn_gpu_bridge.set_config(connection_file="/from/code.json")
+    assert os.environ[variable] == "/from/code.json"
+    with sklearn_gpu_bridge.config_context(connection_file="/in/a/block.json"):
+        assert os.environ[variable] == "/in/a/block.json"
+    assert os.environ[variable] == "/from/code.json"
+    sklearn_gpu_bridge.set_config(connection_file=None)
+    assert os.environ[variable] == "/from/the/environment.json"
