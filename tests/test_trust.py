@@ -125,6 +125,27 @@ def test_a_log_file_link_planted_by_another_user_is_not_followed(other_user, tmp
     assert not (tmp_path / "w.json").exists()
 
 
+def test_stop_never_removes_another_users_socket(other_user, tmp_path):
+    """``stop`` tidies the socket a killed worker left, but only a socket of this user: one planted by another
+    user at the address our connection file names stays (as root, an unchecked unlink would remove it)."""
+    from sklearn_gpu_bridge import service
+    from sklearn_gpu_bridge.connect import ConnectionInfo, new_key, write_connection_file
+
+    shared = _shared_folder(sticky=True)
+    theirs = shared / "worker.sock"
+    other_user.run([other_user.python, "-c", f"import socket; socket.socket(socket.AF_UNIX).bind({str(theirs)!r})"])
+    assert stat.S_ISSOCK(theirs.lstat().st_mode) and theirs.lstat().st_uid == other_user.uid
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # the pid of a worker that is no more
+    connection_file = tmp_path / "w.json"
+    write_connection_file(connection_file, ConnectionInfo(
+        address=f"ipc://{theirs}", key=new_key(), protocol_version=2, pid=gone.pid, backend="sklearn",
+        worker_id=new_id()))
+    result = service.stop(connection_file=connection_file, timeout=1.0)
+    assert result["stopped"] and str(connection_file) in result["removed"]
+    assert str(theirs) not in result["removed"] and stat.S_ISSOCK(theirs.lstat().st_mode)
+
+
 def _foreign_connection_file(other_user, folder, data):
     path = folder / "worker.json"
     other_user.sh(f"umask 077 && echo '{json.dumps(data)}' > {path}")
