@@ -96,6 +96,10 @@ for stage in "$@"; do
         --out "$OUT/e2e-small-after.json"
       step 300 "$OUT/njobs-grid.txt" python3 benchmarks/e2e.py --parts grid --repeats 3 \
         --grid-ways "bridge|bridge n_jobs=4|bridge n_jobs=-1|cuml" --out "$OUT/e2e-grid-njobs.json" ;;
+    large)  # issue 15: the large cases still above target, with scikit-learn in the same run (16 cores)
+      step 400 "$OUT/large-cases.txt" python3 benchmarks/e2e.py --parts cases \
+        --only "LogisticRegression fit 1M x 50 float64|KMeans(8) fit_predict 1M x 50|KNeighborsClassifier" \
+        --out "$OUT/e2e-large.json" ;;
     checks13)  # the bridge against cuML in process, check by check (benchmarks/gpu_checks.py)
       step 300 "$OUT/gpu-checks.txt" python3 benchmarks/gpu_checks.py --out "$OUT/gpu-checks.json" ;;
     speed)  # issue 15: the per-call cases and the n_jobs grid, before (BEFORE_SITE) and after, in one run
