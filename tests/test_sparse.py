@@ -17,7 +17,8 @@ from sklearn.preprocessing import StandardScaler
 from sklearn.utils.validation import check_array
 
 import sklearn_gpu_bridge
-from sklearn_gpu_bridge import GPUMultinomialNB, GPUNearestNeighbors, GPURidge, GPUStandardScaler
+from sklearn_gpu_bridge import (GPUElasticNet, GPUKNeighborsRegressor, GPULasso, GPUMultinomialNB, GPUNearestNeighbors,
+                                GPURidge, GPUStandardScaler)
 from sklearn_gpu_bridge.estimators import load_all
 
 from .conftest import BACKEND, assert_same
@@ -131,13 +132,19 @@ def test_centering_sparse_data_is_refused_before_sending(connection):
     _agree(GPUStandardScaler(with_mean=False).fit_transform(X), StandardScaler(with_mean=False).fit_transform(X))
 
 
-def test_a_solver_cuml_runs_on_dense_data_only_is_refused_for_sparse_input(connection):
+@pytest.mark.parametrize("cls, refused, taken, words", [
+    (GPURidge, {"solver": "eig"}, {"solver": "lsmr"}, "solver='eig' doesn't support sparse X"),
+    (GPULasso, {"solver": "cd"}, {}, "solver='cd' doesn't support sparse inputs"),  # "auto" (scikit-learn's Lasso
+    (GPUElasticNet, {"solver": "cd"}, {}, "solver='cd' doesn't support sparse inputs"),  # has no solver to set)
+    (GPUKNeighborsRegressor, {"algorithm": "rbc"}, {"algorithm": "brute"}, "algorithm='rbc' doesn't support sparse"),
+])
+def test_a_solver_cuml_runs_on_dense_data_only_is_refused_for_sparse_input(connection, cls, refused, taken, words):
     X, y = sp.csr_matrix(np.eye(6)), np.arange(6.0)
     before = connection.status()["requests"]
-    with pytest.raises(ValueError, match="solver='eig' doesn't support sparse X"):
-        GPURidge(solver="eig").fit(X, y)
+    with pytest.raises(ValueError, match=words):
+        cls(**refused).fit(X, y)
     assert not _sent(connection, before)
-    GPURidge(solver="lsmr").fit(X, y)
+    cls(**taken).fit(X, y)
 
 
 def test_neighbors_answer_a_dense_query_to_a_sparse_fit(connection):
