@@ -141,6 +141,29 @@ def test_a_scikit_learn_script_runs_unmodified_with_the_same_answers(tmp_path, c
     assert "types sklearn.svm._classes KMeans" in served.stdout
 
 
+_MODULE = textwrap.dedent("""
+    import sys
+    import numpy as np, scipy.sparse as sp
+    from sklearn.cluster import KMeans
+    from sklearn.preprocessing import StandardScaler
+    X = np.random.default_rng(0).standard_normal((60, 3))
+    print("scaled", StandardScaler().fit_transform(X).shape, sys.argv[1:])
+    KMeans(n_clusters=2, n_init=1, random_state=0).fit(sp.csr_matrix(X))  # cuML's KMeans: dense only, CPU
+""")
+
+
+@pytest.mark.parametrize("how", ["-m", "-c"])
+def test_a_module_or_a_string_runs_under_accel_and_vv_tells_each_cpu_call(tmp_path, connection, how):
+    """``-m module`` and ``-c code`` run as ``python -m``/``-c`` do; ``-vv`` says each CPU call as it happens."""
+    (tmp_path / "served_module.py").write_text(_MODULE)
+    target = "served_module" if how == "-m" else _MODULE
+    before = connection.status()["requests"].get("fit", 0)
+    run = _python("-m", "sklearn_gpu_bridge.accel", "-vv", how, target, "an-arg", tmp_path=tmp_path)
+    assert "scaled (60, 3) ['an-arg']" in run.stdout
+    assert connection.status()["requests"].get("fit", 0) > before  # the scaler ran on the worker
+    assert "KMeans.fit ran on the CPU" in run.stderr and "why on the CPU" in run.stderr  # as it happens; table
+
+
 def test_a_model_fitted_under_accel_loads_where_the_bridge_is_not_installed(tmp_path):
     (tmp_path / "script.py").write_text(SCRIPT)
     _python("-m", "sklearn_gpu_bridge.accel", "script.py", "served.joblib", "1", tmp_path=tmp_path)
