@@ -7,6 +7,7 @@ however it is started. Defaults come from :mod:`.config`.
 """
 
 import logging
+import sys
 
 import click
 
@@ -70,6 +71,9 @@ def worker(backend, connection_file, parent_pid, log_level, **settings):
     from .worker import Worker, check_settings, make_backend
 
     logging.basicConfig(level=log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    accel = sys.modules.get("sklearn_gpu_bridge.accel")  # a sitecustomize of accel's may have installed it here
+    if accel is not None and accel.is_installed():
+        accel.uninstall()  # a worker's scikit-learn must be scikit-learn itself, not served by a worker
     try:
         # settings are checked before the backend warms up: a refusal comes at once
         check_settings(bind=settings["bind"], key_file=settings["key_file"],

@@ -26,11 +26,11 @@ from sklearn.preprocessing import StandardScaler
 from sklearn.svm import SVC
 
 import sklearn_gpu_bridge
-from sklearn_gpu_bridge import accel, cuml_alias
+from sklearn_gpu_bridge import GPUStandardScaler, accel, cuml_alias
 from sklearn_gpu_bridge.accel import report, serve
 from sklearn_gpu_bridge.catalogue import ESTIMATORS
 
-from .conftest import BACKEND
+from .conftest import BACKEND, assert_same, use_worker, wait_until
 
 SCRIPT = textwrap.dedent("""
     import sys
@@ -162,6 +162,36 @@ def test_a_module_or_a_string_runs_under_accel_and_vv_tells_each_cpu_call(tmp_pa
     assert "scaled (60, 3) ['an-arg']" in run.stdout
     assert connection.status()["requests"].get("fit", 0) > before  # the scaler ran on the worker
     assert "KMeans.fit ran on the CPU" in run.stderr and "why on the CPU" in run.stderr  # as it happens; table
+
+
+def test_a_worker_never_runs_accel_whatever_its_environment_says(tmp_path, worker, connection):
+    """A worker started with accel's sitecustomize and SKLEARN_GPU_BRIDGE_ACCEL=1 (as a child of an accelerated
+    process would be) takes accel out: its scikit-learn fits run there, not on the worker its environment names."""
+    from sklearn_gpu_bridge.accel import _SITECUSTOMIZE
+
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(_SITECUSTOMIZE)
+    env = {**os.environ, "SKLEARN_GPU_BRIDGE_ACCEL": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path / "site"), os.environ.get("PYTHONPATH")]))}
+    assert env["SKLEARN_GPU_BRIDGE_CONNECTION_FILE"] == str(worker.connection_file)  # where accel would send
+    connection_file = tmp_path / "accel-env-worker.json"
+    process = subprocess.Popen([sys.executable, "-m", "sklearn_gpu_bridge.worker", "--backend", "sklearn",
+                                "--connection-file", str(connection_file), "--log-level", "WARNING"],
+                               env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        assert wait_until(connection_file.exists, 120), process.stderr.read() if process.poll() is not None else ""
+        before = connection.status()["requests"].get("fit", 0)
+        sklearn_gpu_bridge.reset_connection()
+        sklearn_gpu_bridge.set_config(connection_file=str(connection_file))
+        X = np.random.default_rng(0).standard_normal((30, 3))
+        assert_same(GPUStandardScaler().fit_transform(X), StandardScaler().fit_transform(X))
+        assert sklearn_gpu_bridge.get_connection().status()["requests"].get("fit", 0) == 1
+    finally:
+        sklearn_gpu_bridge.reset_connection()
+        process.terminate()
+        process.wait(30)
+    use_worker(worker)
+    assert sklearn_gpu_bridge.get_connection().status()["requests"].get("fit", 0) == before  # no fit went there
 
 
 def test_a_model_fitted_under_accel_loads_where_the_bridge_is_not_installed(tmp_path):
