@@ -148,6 +148,7 @@ class InProcess:
 
     def call(self, handle, method, args, kwargs, *, n_classes=0):
         name, model = self._get(handle)
+        self.backend.check_call(name, method)
         args, kwargs = self._arguments(args, kwargs)
         return self._result(self.backend.call(name, model, method, args, kwargs), model)
 

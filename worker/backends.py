@@ -107,18 +107,27 @@ class Backend:
 
     # ------------------------------------------------------------ the operations, as the worker and InProcess run them
 
+    # Callers check the method first (check_fit / check_call), before they decode the arguments; fit and
+    # call then run it without checking again.
+
     @staticmethod
     def check_fit(name, method):
-        """Refuse a method that is not one of ``name``'s fitting methods (before anything is decoded)."""
+        """Refuse a method that is not one of ``name``'s fitting methods."""
         if method not in FIT_METHODS or not lookup(name).allows(method):
             raise ProtocolError(f"{method!r} is not a fitting method of {name}")
 
+    @staticmethod
+    def check_call(name, method):
+        """Refuse a method the catalogue does not list for a fitted ``name``."""
+        if method not in lookup(name).methods:
+            raise AttributeError(f"{name} has no method {method!r} that the bridge may call")
+
     def fit(self, name, params, method, args, kwargs, changed=(), params_from=None):
-        """Build ``name`` from ``params`` and run its fitting ``method``: (estimator, result, dropped parameters).
+        """Build ``name`` from ``params`` and run its fitting ``method`` (checked: :meth:`check_fit`):
+        (estimator, result, dropped parameters).
 
         ``params_from="sklearn"``: scikit-learn's class's parameters (accel), mapped as cuML maps them.
         """
-        self.check_fit(name, method)
         if params_from == "sklearn":
             estimator, dropped = self.create_from_sklearn(name, params), []
         elif params_from is None:
@@ -129,8 +138,8 @@ class Backend:
             return estimator, getattr(estimator, method)(*args, **kwargs), dropped
 
     def call(self, name, estimator, method, args, kwargs):
-        """``method`` of a fitted ``name``, if the catalogue lists it."""
-        if method not in lookup(name).methods or not callable(getattr(estimator, method, None)):
+        """``method`` of a fitted ``name`` (checked: :meth:`check_call`), if this backend's class has it."""
+        if not callable(getattr(estimator, method, None)):
             raise AttributeError(f"{name} has no method {method!r} that the bridge may call")
         with self.output_context(method):
             return getattr(estimator, method)(*args, **kwargs)

@@ -37,7 +37,6 @@ import numpy as np
 import zmq
 
 from sklearn_gpu_bridge import __version__
-from sklearn_gpu_bridge.catalogue import lookup
 from sklearn_gpu_bridge.config import WORKER_DEFAULTS
 from sklearn_gpu_bridge.connect import ConnectionInfo, new_key, read_key_file, signing_key, write_connection_file
 from sklearn_gpu_bridge.errors import ConfigurationError, ProtocolError, VersionMismatch, describe
@@ -65,7 +64,6 @@ from .scheduler import FairQueue
 
 log = logging.getLogger("sklearn_gpu_bridge.worker")
 
-# a public fitted attribute: lower case, trailing underscore (coef_, n_iter_)
 #: device memory a request may need, as a multiple of its input: admission waits while it does not fit
 DEVICE_MEMORY_FACTOR = 4
 ALIGN = 64
@@ -571,8 +569,7 @@ class Worker:
     def _op_call(self, header, buffers):
         entry = self.handles.get(header.get("handle"), header["client"])
         method = header.get("method")
-        if method not in lookup(entry.name).methods:  # refused before anything is decoded
-            raise AttributeError(f"{entry.name} has no method {method!r} that the bridge may call")
+        self.backend.check_call(entry.name, method)  # refused before anything is decoded
         args, kwargs = self._args(header, buffers)
         result = self.backend.call(entry.name, entry.estimator, method, args, kwargs)
         return self._reply_result(header, result, entry.estimator)
