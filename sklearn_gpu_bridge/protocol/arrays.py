@@ -78,16 +78,14 @@ def _check_key(key):
     return key
 
 
-def fingerprint(dtype, shape, order, raw, digest=None):
-    """The cache key of an array: BLAKE3-128 of its dtype, shape, order and its bytes' digest.
+def fingerprint(dtype, shape, order, digest):
+    """The cache key of an array: BLAKE3-128 of its dtype, shape, order and its bytes' ``digest``.
 
     Content, never identity: an array changed in place gets a new key, and a
-    copy of the same data the same key. The bytes' digest is the one a frame
-    of them carries in the signed header (:func:`.session.buffer_digest`), so
-    an array that is offered to the cache and sent is hashed once: pass it as
-    ``digest`` when it is already known.
+    copy of the same data the same key. ``digest`` is the one a frame of those
+    bytes carries in the signed header (:func:`.session.buffer_digest`), so an
+    array that is offered to the cache and sent is hashed once.
     """
-    digest = digest or buffer_digest(raw)
     return blake3.blake3(f"{dtype}|{tuple(shape)}|{order}|{digest}".encode()).hexdigest(length=16)
 
 
@@ -255,7 +253,7 @@ class Encoder:
         nbytes = arr.size * target.itemsize
         if self.cache is not None and nbytes >= self.cache.min_bytes:
             content = buffer_digest(_raw(arr))
-            key = fingerprint(target.str, arr.shape, order, None, content)
+            key = fingerprint(target.str, arr.shape, order, content)
             if self.reuse and self.cache.holds(key):
                 self.reused.append((key, nbytes))
                 return self._marker({**desc, "where": "cached", "key": key})

@@ -127,8 +127,8 @@ def buffer_digest(buffer):
     """BLAKE3 of a buffer (hex), hashed where it lies; large ones on all cores, without the GIL.
 
     BLAKE3 rather than SHA-256: on the 2-core VM of the benchmarks it hashes a
-    51 MB frame in 9 ms (5.5 GB/s) against SHA-256's 17.5 ms on both cores, and
-    each frame is hashed twice (sender, receiver); see docs/protocol.md.
+    51 MB frame in 9 to 11 ms against SHA-256's 17.5 ms on both cores, and each
+    frame is hashed twice (sender, receiver); see docs/reliability.md.
     """
     memory = memoryview(buffer).cast("B")
     threads = blake3.blake3.AUTO if memory.nbytes >= DIGEST_THREADS_FROM else 1
