@@ -118,6 +118,24 @@ for stage in "$@"; do
         step 300 "$OUT/grid-threads-$threads.txt" python3 benchmarks/e2e.py --parts grid --repeats 1 --threads $threads \
           --grid-ways "bridge|bridge n_jobs=4|bridge n_jobs=-1|cuml" --out "$OUT/e2e-grid-threads-$threads.json"
       done ;;
+    small)  # issue 15, 2026-11-24: the small cases before (BEFORE_SITE) and after, each case's ways in turn; where
+      # the milliseconds go (worker_share.py: cuML's own ways, in process, bridged); the legs of one request
+      small="5000x20|500x20"
+      if [ -n "${BEFORE_SITE:-}" ]; then
+        step 300 "$OUT/small-before.txt" env PYTHONPATH="$BEFORE_SITE:$PYTHONPATH" python3 benchmarks/e2e.py \
+          --parts cases --only "$small" --out "$OUT/e2e-small-before.json"
+      fi
+      step 300 "$OUT/small-after.txt" python3 benchmarks/e2e.py --parts cases --only "$small" \
+        --out "$OUT/e2e-small-after.json"
+      step 200 "$OUT/worker-share.txt" python3 benchmarks/worker_share.py --out "$OUT/worker-share.json"
+      step 150 "$OUT/small-legs.txt" python3 benchmarks/e2e.py --parts profile \
+        --only "StandardScaler fit_transform 5000x20|SVC(rbf) fit+predict 500x20|LogisticRegression fit+predict 5000x20" \
+        --out /tmp/legs.json ;;
+    table)  # the README's table: every case, three ways, scikit-learn on all cores included
+      step 590 "$OUT/e2e-table.txt" python3 benchmarks/e2e.py --parts cases --out "$OUT/e2e-table.json" ;;
+    grid-njobs)  # the README's n_jobs rows: the grid with the default worker, 3 repeats
+      step 400 "$OUT/grid-njobs.txt" python3 benchmarks/e2e.py --parts grid --repeats 3 \
+        --grid-ways "sklearn (n_jobs=-1)|bridge|bridge n_jobs=4|bridge n_jobs=-1|cuml" --out "$OUT/e2e-grid-njobs.json" ;;
     accel)  # issue 14: a client without cuML (CLIENT_SITE) and a background cuML worker: accel, the cuML alias
       log="$OUT/accel.txt"
       step 120 "$log" python3 -m sklearn_gpu_bridge start --backend cuml

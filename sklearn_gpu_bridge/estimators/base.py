@@ -149,7 +149,7 @@ class RemoteEstimator(BaseEstimator):
         known = (codes < len(self.classes_)) & (self.classes_.take(np.minimum(codes, len(self.classes_) - 1)) == y)
         if not known.all():
             raise ValueError(f"y contains previously unseen labels: {np.unique(y[~known]).tolist()}")
-        return codes
+        return _codes(codes)
 
     def _fit_remote(self, method, X, y=None, sample_weight=None, **fit_kwargs):
         """Validate as scikit-learn does, fit on the worker, keep the handle."""
@@ -385,8 +385,13 @@ def _same(a, b):
         return a is b
 
 
+def _codes(codes):
+    """Label codes as they travel: int32 (half the bytes of intp, the label dtype cuML's examples use)."""
+    return codes.astype(np.int32, copy=False)
+
+
 def _classes_and_codes(y):
-    """``np.unique(y, return_inverse=True)`` after scikit-learn's target check.
+    """``np.unique(y, return_inverse=True)`` after scikit-learn's target check, codes as int32.
 
     Integer labels in a narrow range (the usual case: 0/1, 0..k) take a
     counting path that is O(n), not a sort: on 1M samples it saves tens of
@@ -400,10 +405,11 @@ def _classes_and_codes(y):
             present = np.bincount(offsets, minlength=high - low + 1) > 0
             classes = (np.flatnonzero(present) + low).astype(y.dtype)
             if low == 0 and present.all():  # labels 0..k-1 already: they are their own codes
-                return classes, offsets
-            return classes, (np.cumsum(present) - 1)[offsets]
+                return classes, _codes(offsets)
+            return classes, _codes((np.cumsum(present) - 1)[offsets])
     check_classification_targets(y)
-    return np.unique(y, return_inverse=True)
+    classes, codes = np.unique(y, return_inverse=True)
+    return classes, _codes(codes)
 
 
 def decode_labels(estimator, codes):
