@@ -262,7 +262,7 @@ def timed_together(runs, repeats):
         runs[name]()
     times = {name: [] for name in names}
     rounds = 0
-    while rounds < repeats or (min(sum(t) for t in times.values()) < SMALL_SECONDS and rounds < MAX_REPEATS):
+    while rounds < repeats or (max(sum(t) for t in times.values()) < SMALL_SECONDS and rounds < MAX_REPEATS):
         for name in names[rounds % len(names):] + names[: rounds % len(names)]:
             gc.collect()
             start = time.perf_counter()
