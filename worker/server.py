@@ -1,11 +1,16 @@
 """The worker: a ZeroMQ ROUTER loop in front of a backend.
 
-The main thread owns the sockets. It answers quick operations (hello, ping,
-status, release, goodbye, shutdown, attach) itself, and hands estimator work
-(fit, call, get_state, set_state) to executor threads, one client's request
-after another's (:mod:`.scheduler`), whose replies come back through an
-inproc socket. So the worker still answers ``ping`` while a long fit runs:
-that is how a client tells "busy" from "dead". Which op is which is the
+The main thread reads the ROUTER socket. It answers quick operations (hello,
+ping, status, release, goodbye, shutdown, attach) itself, and hands estimator
+work (fit, call, get_state, set_state) to executor threads, one client's
+request after another's (:mod:`.scheduler`), which send their replies on the
+same socket themselves: the socket is used under a lock only, and the main
+thread waits on its file descriptor, never inside the socket, so the socket
+moves between threads with a full memory barrier, as ZeroMQ allows. A reply
+so costs no wakeup of the main thread (a thread woken on an idle core is the
+dearest part of a small call on a GPU VM: ``benchmarks/hops.py``). So the
+worker still answers ``ping`` while a long fit runs: that is how a client
+tells "busy" from "dead". Which op is which is the
 protocol's catalogue (:data:`sklearn_gpu_bridge.protocol.OPS`); each has a
 method ``_op_<name>`` here.
 
@@ -71,6 +76,7 @@ SWEEP_SECONDS = 1.0
 MAX_FRAMES = 1024  # frames in one message: a longer one is dropped as it is read
 HWM = 16  # messages queued per peer socket, each way (an honest client has one request in flight per socket)
 HANDSHAKE_SECONDS = 5  # a connection that has not authenticated by then is closed
+MAX_READ_IN_TURN = 64  # messages the loop reads before it looks at its clock (sweeps, the parent's life)
 #: a file name: the work of every request is profiled and the stats written there at exit (diagnosis)
 PROFILE_ENV = "SKLEARN_GPU_BRIDGE_WORKER_PROFILE"
 
@@ -162,6 +168,7 @@ class Worker:
         self._profile = [] if os.environ.get(PROFILE_ENV) else None
         self._profile_lock = threading.Lock()
         self._local = threading.local()
+        self._loop_thread = None  # the thread in serve_forever: the one that reads the socket
         self._stopping = threading.Event()
         self.context = zmq.Context()
         self.gatekeeper = None
@@ -180,8 +187,12 @@ class Worker:
         self.router.sndhwm = self.router.rcvhwm = HWM
         self.router.handshake_ivl = HANDSHAKE_SECONDS * 1000
         self._bind()
-        self.results = self.context.socket(zmq.PULL)
-        self.results.bind(f"inproc://results-{self.worker_id}")
+        # the socket's descriptor is edge-triggered: after each use of the socket, its EVENTS must be read
+        # again, since the use may have taken the descriptor's signal. A thread that sends a reply and then
+        # finds a message waiting wakes the main thread through this inproc socket.
+        self._router_lock = threading.RLock()
+        self.wakeup = self.context.socket(zmq.PULL)
+        self.wakeup.bind(f"inproc://wakeup-{self.worker_id}")
         self.info = ConnectionInfo(
             address=self.address, key=self.key, protocol_version=PROTOCOL_VERSION, pid=os.getpid(),
             backend=self.backend.name, worker_id=self.worker_id, curve_server_key=self.curve_public,
@@ -223,21 +234,27 @@ class Worker:
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(sig, lambda *_: self._stopping.set())
+        self._loop_thread = threading.current_thread()
         poller = zmq.Poller()
-        poller.register(self.router, zmq.POLLIN)
-        poller.register(self.results, zmq.POLLIN)
+        poller.register(self.router.getsockopt(zmq.FD), zmq.POLLIN)
+        poller.register(self.wakeup, zmq.POLLIN)
         last_sweep = time.monotonic()
         try:
             while not self._stopping.is_set():
-                events = dict(poller.poll(200))
-                if self.results in events:
-                    self._forward_results()
-                if self.router in events:
-                    try:
-                        self._receive()
-                    except Exception:  # noqa: BLE001 - a message must never stop the loop; say so loudly
-                        self.counts["failed"] += 1
-                        log.exception("a message could not be handled; dropped it")
+                if dict(poller.poll(200)).get(self.wakeup):
+                    while self.wakeup.poll(0):
+                        self.wakeup.recv(zmq.NOBLOCK)
+                for _ in range(MAX_READ_IN_TURN):
+                    with self._router_lock:
+                        if not self.router.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                            break
+                        try:
+                            self._receive()
+                        except Exception:  # noqa: BLE001 - a message must never stop the loop; say so loudly
+                            self.counts["failed"] += 1
+                            log.exception("a message could not be handled; dropped it")
+                else:  # more are waiting: the descriptor may not signal them again, so come back at once
+                    self._wake()
                 if time.monotonic() - last_sweep > SWEEP_SECONDS:
                     last_sweep = time.monotonic()
                     if self.parent_pid and not pid_alive(self.parent_pid):
@@ -259,18 +276,11 @@ class Worker:
         for path in (self.connection_file, getattr(self, "socket_path", None)):
             if path:
                 Path(path).unlink(missing_ok=True)
-        self.context.destroy(linger=0)
+        with getattr(self, "_router_lock", threading.Lock()):  # no executor thread is inside the socket
+            self.context.destroy(linger=0)
         log.info("worker stopped")
 
     # ------------------------------------------------------------ the loop
-
-    def _forward_results(self):
-        while True:
-            try:
-                frames = self.results.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
-            self.router.send_multipart(frames, copy=False)
 
     def _read_message(self):
         """The next message's frames, read one by one; None when it has too many (the rest is dropped unread)."""
@@ -334,7 +344,26 @@ class Worker:
         self.counts["cancelled"] += len(dropped)
 
     def _reply(self, identity, frames):
-        self.router.send_multipart([identity, *frames], copy=False)
+        """Send a reply, from whichever thread has it (under the socket's lock); wake the main thread if the
+        send took the signal of a message that has arrived meanwhile."""
+        with self._router_lock:
+            if self.router.closed:
+                return  # stopped while this request ran: the client is told by the closed connection
+            self.router.send_multipart([identity, *frames], copy=False)
+            waiting = self.router.getsockopt(zmq.EVENTS) & zmq.POLLIN
+        if waiting and threading.current_thread() is not self._loop_thread:
+            self._wake()
+
+    def _wake(self):
+        push = getattr(self._local, "push", None)
+        if push is None:
+            push = self._local.push = self.context.socket(zmq.PUSH)
+            push.linger = 0
+            push.connect(f"inproc://wakeup-{self.worker_id}")
+        try:
+            push.send(b"", zmq.NOBLOCK)
+        except zmq.Again:  # a thousand wakeups are waiting already: the loop is coming
+            pass
 
     def _log_dropped(self, exc):
         """One warning per second at most: a flood of bad messages must not flood the log too."""
@@ -366,12 +395,7 @@ class Worker:
             frames = self._error_reply(header, exc)
         finally:
             self.clients.answered(state)
-        push = getattr(self._local, "push", None)
-        if push is None:
-            push = self._local.push = self.context.socket(zmq.PUSH)
-            push.linger = 0
-            push.connect(f"inproc://results-{self.worker_id}")
-        push.send_multipart([identity, *frames], copy=False)
+        self._reply(identity, frames)
 
     def _handle(self, header, buffers, received=None):
         """Run one operation; always returns reply frames, never raises."""
