@@ -120,10 +120,16 @@ for stage in "$@"; do
       done ;;
     small)  # issue 15, 2026-11-24: the small cases before (BEFORE_SITE) and after, each case's ways in turn; where
       # the milliseconds go (worker_share.py: cuML's own ways, in process, bridged); the legs of one request
-      small="5000x20|500x20"
+      small="StandardScaler fit_transform 5000x20|SVC(rbf) fit+predict 500x20|LogisticRegression fit+predict 5000x20"
       if [ -n "${BEFORE_SITE:-}" ]; then
         step 300 "$OUT/small-before.txt" env PYTHONPATH="$BEFORE_SITE:$PYTHONPATH" python3 benchmarks/e2e.py \
           --parts cases --only "$small" --out "$OUT/e2e-small-before.json"
+        for round in 1 2; do  # the round trips alone (echo, ping), before and after, alternated
+          step 120 "$OUT/overhead-small.txt" env PYTHONPATH="$BEFORE_SITE:$PYTHONPATH" python3 benchmarks/overhead.py \
+            --backend cuml --transports pool --repeats 200 --large-repeats 3 --out "$OUT/overhead-before-$round.json"
+          step 120 "$OUT/overhead-small.txt" python3 benchmarks/overhead.py \
+            --backend cuml --transports pool --repeats 200 --large-repeats 3 --out "$OUT/overhead-after-$round.json"
+        done
       fi
       step 300 "$OUT/small-after.txt" python3 benchmarks/e2e.py --parts cases --only "$small" \
         --out "$OUT/e2e-small-after.json"
