@@ -169,6 +169,7 @@ class Worker:
         self._profile_lock = threading.Lock()
         self._local = threading.local()
         self._loop_thread = None  # the thread in serve_forever: the one that reads the socket
+        self._router_lock = threading.RLock()  # whoever uses the ROUTER socket holds it (the loop, executors)
         self._stopping = threading.Event()
         self.context = zmq.Context()
         self.gatekeeper = None
@@ -190,7 +191,6 @@ class Worker:
         # the socket's descriptor is edge-triggered: after each use of the socket, its EVENTS must be read
         # again, since the use may have taken the descriptor's signal. A thread that sends a reply and then
         # finds a message waiting wakes the main thread through this inproc socket.
-        self._router_lock = threading.RLock()
         self.wakeup = self.context.socket(zmq.PULL)
         self.wakeup.bind(f"inproc://wakeup-{self.worker_id}")
         self.info = ConnectionInfo(
@@ -276,7 +276,7 @@ class Worker:
         for path in (self.connection_file, getattr(self, "socket_path", None)):
             if path:
                 Path(path).unlink(missing_ok=True)
-        with getattr(self, "_router_lock", threading.Lock()):  # no executor thread is inside the socket
+        with self._router_lock:  # no executor thread is inside the socket
             self.context.destroy(linger=0)
         log.info("worker stopped")
 
