@@ -258,12 +258,14 @@ def test_large_arrays_use_the_pool():
     np.array([2, 1], np.uint64), np.array(["b", "a", "b"]), np.array([0.0, 2.0, 1.0]),
 ], ids=lambda y: f"{y.dtype}-{y.size}")
 def test_label_codes_are_numpy_unique_after_the_target_check(y):
-    """The counting path for narrow integer labels gives exactly np.unique's classes and codes."""
+    """The counting path for narrow integer labels gives exactly np.unique's classes and codes (as int32,
+    the codes' travelling dtype)."""
     from sklearn_gpu_bridge.estimators.base import _classes_and_codes
 
     classes, codes = _classes_and_codes(y)
     expected_classes, expected_codes = np.unique(y, return_inverse=True)
     assert classes.dtype == expected_classes.dtype
+    assert codes.dtype == np.int32
     np.testing.assert_array_equal(classes, expected_classes)
     np.testing.assert_array_equal(codes, expected_codes)
 
