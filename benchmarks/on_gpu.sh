@@ -137,6 +137,22 @@ for stage in "$@"; do
       step 150 "$OUT/small-legs.txt" python3 benchmarks/e2e.py --parts profile \
         --only "StandardScaler fit_transform 5000x20|SVC(rbf) fit+predict 500x20|LogisticRegression fit+predict 5000x20" \
         --out /tmp/legs.json ;;
+    pinning)  # issue 15, 2026-11-24 late: pool segments pinned for the GPU's DMA, NaN looked for once; the large
+      # cases and two small ones before (BEFORE_SITE) and after, alternated; the legs; the cuML tests they touch
+      cases="10000x1280|KMeans(8)|PCA(10)|LogisticRegression fit 1M|SVC(rbf) fit+predict 20000x20|NearestNeighbors"
+      cases="$cases|KNeighbors|StandardScaler fit_transform 5000x20|LogisticRegression fit+predict 5000x20"
+      for round in 1 2; do
+        if [ -n "${BEFORE_SITE:-}" ]; then
+          step 300 "$OUT/pinning-before.txt" env PYTHONPATH="$BEFORE_SITE:$PYTHONPATH" python3 benchmarks/e2e.py \
+            --parts cases --only "$cases" --no-sklearn-large --out "$OUT/e2e-pinning-before-$round.json"
+        fi
+        step 300 "$OUT/pinning-after.txt" python3 benchmarks/e2e.py --parts cases --only "$cases" --no-sklearn-large \
+          --out "$OUT/e2e-pinning-after-$round.json"
+      done
+      step 150 "$OUT/pinning-legs.txt" python3 benchmarks/e2e.py --parts profile \
+        --only "KMeans(8)|LogisticRegression fit 1M|NearestNeighbors" --out /tmp/legs.json
+      step 300 "$OUT/pytest-cuml-pinning.txt" "${PYTEST[@]}" -q -rfEs --tb=short tests/test_pool.py \
+        tests/test_bad_input.py tests/test_faults.py ;;
     table)  # the README's table: every case, three ways, scikit-learn on all cores included
       step 590 "$OUT/e2e-table.txt" python3 benchmarks/e2e.py --parts cases --out "$OUT/e2e-table.json" ;;
     grid-njobs)  # the README's n_jobs rows: the grid with the default worker, 3 repeats

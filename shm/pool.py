@@ -24,6 +24,7 @@ nonce there, which only a process that maps the pool can read back
 (:meth:`PoolAttachment.challenge`).
 """
 
+import ctypes
 import fcntl
 import mmap
 import os
@@ -42,6 +43,7 @@ SLOT_SIZE = 1 << 20  # 1 MiB: the unit a block is made of
 SEGMENT_SLOTS = 64  # a new segment holds at least 64 slots (64 MiB, sparse)
 HANDSHAKE_BYTES = 4096  # the start of segment 0: nonce slots, never part of a block
 NONCE_BYTES = 32
+PIN_MIN_BYTES = 8 << 20  # a request that moves this much through a mapped segment gets it pinned (see pinning)
 PREFIX = "sgb-pool"
 MEMFD = sys.platform.startswith("linux") and hasattr(os, "memfd_create")
 SEALS = (fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL) if MEMFD else 0
@@ -77,6 +79,11 @@ def remove_orphans(directory):
             except OSError:
                 pass
     return removed
+
+
+def _address(view):
+    """The address of a writable memoryview's first byte."""
+    return ctypes.addressof(ctypes.c_char.from_buffer(view))
 
 
 def _unlink_all(paths, owner_pid):
@@ -249,9 +256,13 @@ class PoolAttachment:
     memfd of that pid, whose name and seals are checked, or a file of that
     name in one of the worker's own pool folders (never a path a request
     names). Neither is trusted until :meth:`challenge` is answered.
+
+    ``pinning`` (the worker's ``HostPinning``, or None): a mapped segment is
+    registered with it the first time a read or an output range of at least
+    ``PIN_MIN_BYTES`` lies in it, and unregistered by :meth:`close`.
     """
 
-    def __init__(self, described, folders=()):
+    def __init__(self, described, folders=(), pinning=None):
         if not isinstance(described, dict):
             raise PoolError("a pool is described by a dict")
         name, self.kind, self.pid = described.get("name"), described.get("kind"), described.get("pid")
@@ -267,6 +278,9 @@ class PoolAttachment:
                 raise PoolError(f"pool {name!r} is not in {list(folders)}")
         self._segments = {}  # id -> (fd or None, size, map or None)
         self._lock = threading.Lock()
+        self.pinning = pinning
+        self._pinned = {}  # id -> (address, nbytes) once registered, None while being registered or refused
+        self._closed = False
         self.first_id = described.get("segment")
         self._segment(self.first_id, first=True)
 
@@ -319,7 +333,29 @@ class PoolAttachment:
         fd, size, mapped = self._segment(segment)
         if offset + nbytes > size:
             raise PoolError(f"pool range {offset}+{nbytes} lies outside segment {segment} of {size} bytes")
+        if mapped is not None and nbytes >= PIN_MIN_BYTES and self.pinning is not None:
+            self._pin(segment, mapped)
         return fd, mapped
+
+    def _pin(self, segment, mapped):
+        """Register a whole mapped segment with the pinning, once (a refusal is not tried again)."""
+        with self._lock:
+            if self._closed or segment in self._pinned:
+                return
+            self._pinned[segment] = None  # claimed: another thread's request goes on pageable meanwhile
+        address, nbytes = _address(mapped), len(mapped)
+        if not self.pinning.pin(address, nbytes):
+            return
+        with self._lock:
+            if not self._closed:
+                self._pinned[segment] = (address, nbytes)
+                return
+        self.pinning.unpin(address, nbytes)  # closed while it was being registered
+
+    @property
+    def pinned_bytes(self):
+        with self._lock:
+            return sum(pinned[1] for pinned in self._pinned.values() if pinned)
 
     def read(self, segment, offset, nbytes):
         """[offset, offset+nbytes) of a segment: a view of a memfd, a copy of a file (read with pread)."""
@@ -363,6 +399,13 @@ class PoolAttachment:
             return False
 
     def close(self):
+        """Unregister pinned segments, then let the mappings go (each when no array uses it any more)."""
+        with self._lock:
+            self._closed = True
+            pinned = [p for p in self._pinned.values() if p]
+            self._pinned.clear()
+        for address, nbytes in pinned:  # before the memory can be unmapped
+            self.pinning.unpin(address, nbytes)
         with self._lock:
             for fd, _, mapped in self._segments.values():
                 if mapped is not None:

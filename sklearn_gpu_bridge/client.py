@@ -467,15 +467,18 @@ class Connection:
 
     # ------------------------------------------------------------ operations
 
-    def fit(self, estimator, params, method, args, kwargs, changed=(), params_from=None):
+    def fit(self, estimator, params, method, args, kwargs, changed=(), params_from=None, finite=False):
         """Build ``estimator`` with ``params`` on the worker and run ``method``; a :class:`Fitted`.
 
         ``changed``: the parameters the user set (a worker refuses to ignore those).
         ``params_from="sklearn"``: ``params`` are scikit-learn's class's (accel), mapped on the worker.
+        ``finite``: every float array was checked for NaN and inf here; the worker does not look again.
         """
         header = {"op": "fit", "estimator": estimator, "method": method, "changed": list(changed)}
         if params_from is not None:
             header["params_from"] = params_from
+        if finite:
+            header["finite"] = True
         blobs = None
         try:
             header["params"] = to_plain(params)
@@ -486,9 +489,11 @@ class Connection:
                                    out_nbytes=out_nbytes)
         return Fitted(value["handle"], value["result"], value.get("dropped") or [])
 
-    def call(self, handle, method, args, kwargs, *, n_classes=0):
-        """``method(*args, **kwargs)`` on the fitted estimator ``handle``; its result."""
+    def call(self, handle, method, args, kwargs, *, n_classes=0, finite=False):
+        """``method(*args, **kwargs)`` on the fitted estimator ``handle``; its result (``finite``: see fit)."""
         header = {"op": "call", "handle": handle, "method": method}
+        if finite:
+            header["finite"] = True
         payload = {"args": self._features(args), "kwargs": kwargs}
         _, value, _ = self.request(header, payload, out_nbytes=self._out_nbytes(args, n_classes))
         return value["result"]

@@ -138,19 +138,20 @@ class InProcess:
 
     # ------------------------------------------------------------ operations (as Connection's)
 
-    def fit(self, estimator, params, method, args, kwargs, changed=(), params_from=None):
+    def fit(self, estimator, params, method, args, kwargs, changed=(), params_from=None, finite=False):
         from .client import Fitted
 
         self.backend.check_fit(estimator, method)
         args, kwargs = self._arguments(args, kwargs)
-        model, result, dropped = self.backend.fit(estimator, params, method, args, kwargs, list(changed), params_from)
+        model, result, dropped = self.backend.fit(estimator, params, method, args, kwargs, list(changed), params_from,
+                                                  finite=finite)
         return Fitted(self._add(model, estimator), self._result(result, model), dropped)
 
-    def call(self, handle, method, args, kwargs, *, n_classes=0):
+    def call(self, handle, method, args, kwargs, *, n_classes=0, finite=False):
         name, model = self._get(handle)
         self.backend.check_call(name, method)
         args, kwargs = self._arguments(args, kwargs)
-        return self._result(self.backend.call(name, model, method, args, kwargs), model)
+        return self._result(self.backend.call(name, model, method, args, kwargs, finite=finite), model)
 
     def attribute(self, handle, name):
         _, model = self._get(handle)

@@ -374,3 +374,43 @@ def test_a_deferred_finite_check_runs_in_the_copy_that_sends_and_releases_the_bl
         for block in taken:
             block.release()
         pool.close()
+
+
+# ---------------------------------------------------------------- NaN and inf are looked for once
+
+
+def test_the_worker_looks_for_nan_unless_the_client_says_it_did(connection):
+    """A request that does not say ``finite`` (a client of the protocol that checks nothing) gets the worker's
+    own check; one that says it has checked is believed (the wrappers' check ran, with scikit-learn's words)."""
+    X = np.random.default_rng(8).standard_normal((40, 3))
+    X[5, 1] = np.nan
+    y = (np.arange(40) % 2).astype(np.int32)
+    with pytest.raises(ValueError, match="NaN"):
+        connection.fit("LogisticRegression", {}, "fit", [X, y], {})
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the solver's own complaint about NaN, if it has one
+            fitted = connection.fit("LogisticRegression", {}, "fit", [X, y], {}, finite=True)
+    except Exception as exc:  # noqa: BLE001 - a solver may still fail on NaN; the input check must not
+        assert "contains NaN" not in str(exc)
+    else:
+        assert isinstance(fitted.handle, int)
+    assert connection.ping()
+
+
+def test_wrappers_say_finite_only_where_their_checks_refused_nan(connection, monkeypatch):
+    """A spy on the real requests (they still go to the worker): which carry ``finite``."""
+    headers = []
+    request = connection.request
+
+    def spy(header, *args, **kwargs):
+        headers.append(dict(header))
+        return request(header, *args, **kwargs)
+
+    monkeypatch.setattr(connection, "request", spy)
+    model = GPULogisticRegression().fit(X0, (X0[:, 0] > 0).astype(int))  # refuses NaN: finite
+    model.predict(XT)
+    GPUStandardScaler().fit(X0).transform(XT)  # lets NaN through (as scikit-learn's does): not finite
+    said = [(h["op"], h.get("method"), h.get("finite", False)) for h in headers if h["op"] in ("fit", "call")]
+    assert said == [("fit", "fit", True), ("call", "predict", True), ("fit", "fit", False),
+                    ("call", "transform", False)]

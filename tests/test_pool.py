@@ -5,6 +5,7 @@ through the real worker of the session, from threads and from spawned
 processes, and check every array that comes back.
 """
 
+import ctypes
 import errno
 import gc
 import multiprocessing
@@ -12,6 +13,8 @@ import os
 import random
 import secrets
 import stat
+import threading
+import time
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 
 import numpy as np
@@ -21,7 +24,10 @@ import sklearn_gpu_bridge
 from sklearn_gpu_bridge.host import pid_alive
 from sklearn_gpu_bridge.protocol import INLINE_MAX
 from sklearn_gpu_bridge.shm import SLOT_SIZE, Pool, PoolAttachment, PoolError, remove_orphans
-from sklearn_gpu_bridge.shm.pool import MEMFD
+from sklearn_gpu_bridge.shm.pool import MEMFD, PIN_MIN_BYTES
+from sklearn_gpu_bridge.worker.pinning import HostPinning
+
+from .conftest import BACKEND
 
 DEAD_PID = 2**22 + 12345  # above Linux's largest pid_max: no such process can exist
 RESULT_TIMEOUT = 120
@@ -258,6 +264,152 @@ def test_memfd_attachment_refuses_an_fd_that_is_not_a_sealed_segment_of_that_poo
         os.close(unsealed)
         pool.close()
         other.close()
+
+
+# ---------------------------------------------------------------- pinning (page-locking for the GPU's DMA)
+
+
+class DriverStandIn:
+    """cudaHostRegister's bookkeeping without a GPU: refuses what the CUDA driver refuses.
+
+    Registering a range that overlaps one registered already, or unregistering
+    an address that is not registered, is an error, as in CUDA; both ends of a
+    range are read, so a range that is not mapped memory fails the test.
+    """
+
+    def __init__(self, fail=False, delay=0.0):
+        self.ranges, self.calls, self.fail, self.delay = {}, [], fail, delay
+        self.lock = threading.Lock()
+
+    def register(self, address, nbytes):
+        time.sleep(self.delay)
+        if self.fail:
+            raise RuntimeError("cudaErrorNotSupported")
+        ctypes.string_at(address, 1), ctypes.string_at(address + nbytes - 1, 1)
+        with self.lock:
+            if any(a < address + nbytes and address < a + n for a, n in self.ranges.items()):
+                raise RuntimeError("cudaErrorHostMemoryAlreadyRegistered")
+            self.ranges[address] = nbytes
+            self.calls.append(("register", address, nbytes))
+
+    def unregister(self, address):
+        with self.lock:
+            if self.ranges.pop(address, None) is None:
+                raise RuntimeError("cudaErrorHostMemoryNotRegistered")
+            self.calls.append(("unregister", address))
+
+
+def _address_of(view):
+    return np.frombuffer(view, np.uint8).ctypes.data
+
+
+@pytest.fixture
+def big_pool():
+    """A memfd pool of 1 MiB slots (the real size), its blocks, and a way to attach it with a pinning."""
+    pool = Pool()
+    attachments = []
+
+    def attach(pinning):
+        attachment = PoolAttachment(pool.describe(), [], pinning=pinning)
+        attachments.append(attachment)
+        return attachment
+
+    yield pool, attach
+    for attachment in attachments:
+        attachment.close()
+    pool.close()
+
+
+@needs_memfd
+def test_a_segment_is_pinned_once_when_a_large_range_moves_through_it_and_unpinned_on_close(big_pool):
+    pool, attach = big_pool
+    block = pool.allocate(PIN_MIN_BYTES + 1)
+    np.frombuffer(block.buffer(), np.uint8)[:] = 7
+    driver = DriverStandIn()
+    pinning = HostPinning(driver.register, driver.unregister, budget=1 << 40)
+    attachment = attach(pinning)
+    small = attachment.read(block.segment, block.offset, PIN_MIN_BYTES - 1)
+    assert driver.calls == [] and pinning.pinned == 0  # a small range does not pin
+    data = attachment.read(block.segment, block.offset, PIN_MIN_BYTES + 1)
+    assert np.frombuffer(data, np.uint8).min() == 7  # what the client wrote, through the pinned mapping
+    out = attachment.output(block.segment, block.offset, PIN_MIN_BYTES)
+    [(_, address, nbytes)] = driver.calls  # the whole segment, once for both ranges
+    mapping = attachment._segments[block.segment][2]
+    assert address == _address_of(mapping) and nbytes == len(mapping)
+    for view in (data, out.memory, small):
+        assert address <= _address_of(view) < address + nbytes
+    assert pinning.pinned == attachment.pinned_bytes == nbytes
+    attachment.close()
+    assert driver.calls[-1] == ("unregister", address) and driver.ranges == {} and pinning.pinned == 0
+
+
+@needs_memfd
+def test_two_requests_that_meet_a_new_segment_at_once_register_it_once(big_pool):
+    pool, attach = big_pool
+    block = pool.allocate(PIN_MIN_BYTES)
+    driver = DriverStandIn(delay=0.2)
+    attachment = attach(HostPinning(driver.register, driver.unregister, budget=1 << 40))
+    with ThreadPoolExecutor(4) as threads:
+        views = list(threads.map(lambda _: attachment.read(block.segment, block.offset, PIN_MIN_BYTES), range(4)))
+    assert len(views) == 4 and [call[0] for call in driver.calls] == ["register"]
+
+
+@needs_memfd
+def test_a_client_cannot_make_the_worker_lock_more_memory_than_its_budget(big_pool):
+    """A hostile client describes a pool far larger than it needs and moves ranges through every segment."""
+    pool, attach = big_pool
+    blocks = [pool.allocate(64 << 20) for _ in range(3)]  # three segments of 64 MiB (sparse)
+    driver = DriverStandIn()
+    pinning = HostPinning(driver.register, driver.unregister, budget=100 << 20)
+    attachment = attach(pinning)
+    for block in blocks:
+        assert len(attachment.read(block.segment, block.offset, 64 << 20)) == 64 << 20  # still served
+    assert sum(driver.ranges.values()) == pinning.pinned <= 100 << 20
+    assert pinning.pinned > 0 and pinning.status()["refused"] == len(blocks) - 1
+    another = attach(pinning)  # a second client's pool shares the same budget
+    assert len(another.read(blocks[2].segment, blocks[2].offset, 64 << 20)) == 64 << 20
+    assert sum(driver.ranges.values()) == pinning.pinned <= 100 << 20
+
+
+@needs_memfd
+def test_a_driver_that_refuses_leaves_the_segment_pageable_and_is_not_asked_again(big_pool):
+    pool, attach = big_pool
+    block = pool.allocate(PIN_MIN_BYTES)
+    np.frombuffer(block.buffer(), np.uint8)[:] = 3
+    driver = DriverStandIn(fail=True)
+    pinning = HostPinning(driver.register, driver.unregister, budget=1 << 40)
+    attachment = attach(pinning)
+    for _ in range(3):
+        assert np.frombuffer(attachment.read(block.segment, block.offset, PIN_MIN_BYTES), np.uint8).max() == 3
+    assert pinning.pinned == 0 and pinning.status()["refused"] == 1
+    attachment.close()
+    assert driver.ranges == {}
+
+
+def test_file_segments_are_never_pinned(tmp_path):
+    """Files are read with pread into a copy: there is no mapping to register."""
+    pool = Pool(str(tmp_path))
+    driver = DriverStandIn()
+    try:
+        block = pool.allocate(PIN_MIN_BYTES)
+        attachment = PoolAttachment(pool.describe(), [str(tmp_path)],
+                                    pinning=HostPinning(driver.register, driver.unregister, budget=1 << 40))
+        attachment.read(block.segment, block.offset, PIN_MIN_BYTES)
+        attachment.close()
+    finally:
+        pool.close()
+    assert driver.calls == []
+
+
+def test_the_worker_says_what_it_holds_pinned(connection):
+    """cuML's worker pins a segment a large array went through; scikit-learn's has no pinning."""
+    array = np.arange((PIN_MIN_BYTES + 8) // 8, dtype=np.float64)
+    np.testing.assert_array_equal(connection.echo(array)[0], array)
+    pinned = connection.status()["pinned"]
+    if BACKEND == "cuml":
+        assert pinned["pinned"] >= PIN_MIN_BYTES and pinned["budget"] > 0
+    else:
+        assert pinned is None
 
 
 # ---------------------------------------------------------------- through the real worker

@@ -44,12 +44,13 @@ class ClientState:
 class Clients:
     """client id -> ClientState, and the pools they attached; safe from the loop and executor threads."""
 
-    def __init__(self, handles, array_cache, pool_dirs, client_timeout, on_free=None):
+    def __init__(self, handles, array_cache, pool_dirs, client_timeout, on_free=None, pinning=None):
         self.handles = handles
         self.array_cache = array_cache
         self.on_free = on_free  # called with a client id when it is freed (its queued work is dropped)
         self.pool_dirs = pool_dirs  # where clients' pool files may be found (never a folder a request names)
         self.client_timeout = client_timeout
+        self.pinning = pinning  # pools' segments are page-locked with it (pinning.py), or None
         self.pools = {}  # pool name -> PoolAttachment
         self.swept = Counter()  # clients freed by the sweep, by reason: gone, idle
         self._states = {}
@@ -92,7 +93,7 @@ class Clients:
         names); it is attached only when :meth:`attach` gets the nonce back.
         """
         try:
-            attachment = PoolAttachment(described, self.pool_dirs)
+            attachment = PoolAttachment(described, self.pool_dirs, pinning=self.pinning)
             slot, nonce = attachment.challenge()
         except PoolError as exc:
             log.info("client %s: %s; arrays go as frames", client, exc)

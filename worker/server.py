@@ -159,8 +159,9 @@ class Worker:
                                cost=lambda item: DEVICE_MEMORY_FACTOR * _input_bytes(item[1]),
                                budget=backend.memory_budget())
         pool_dirs = list(dict.fromkeys([*pool_dirs, default_directory(), tempfile.gettempdir()]))
+        self.pinning = backend.host_pinning()
         self.clients = Clients(self.handles, self.array_cache, pool_dirs, float(client_timeout or 0),
-                               on_free=self._cancel)
+                               on_free=self._cancel, pinning=self.pinning)
         self.counts = Counter()
         self.refused = Counter()  # messages dropped before their signature: too many frames
         self._dropped_logged_at, self._dropped_unlogged = -1e9, 0
@@ -496,6 +497,7 @@ class Worker:
             "swept": dict(self.clients.swept), "rss": rss_bytes(), "queued": self.queue.waiting(),
             "threads": self.queue.threads, "running": self.queue.running, "peak_running": self.queue.peak,
             "device_budget": self.queue.budget, "device_in_use": self.queue.in_use,
+            "pinned": self.pinning.status() if self.pinning is not None else None,
             "versions": self.versions,
             "array_cache": {"entries": len(cache) if cache else 0, "bytes": cache.nbytes if cache else 0,
                             "max_bytes": cache.max_bytes if cache else 0},
@@ -586,7 +588,8 @@ class Worker:
             raise ProtocolError("'changed' must be a list of parameter names")
         args, kwargs = self._args(header, buffers)
         estimator, result, dropped = self.backend.fit(name, self._params(header, buffers), method, args, kwargs,
-                                                      changed, header.get("params_from"))
+                                                      changed, header.get("params_from"),
+                                                      finite=header.get("finite") is True)
         handle = self.handles.add(estimator, name, header["client"])
         return self._reply_result(header, result, estimator, handle=handle, dropped=dropped)
 
@@ -595,7 +598,8 @@ class Worker:
         method = header.get("method")
         self.backend.check_call(entry.name, method)  # refused before anything is decoded
         args, kwargs = self._args(header, buffers)
-        result = self.backend.call(entry.name, entry.estimator, method, args, kwargs)
+        result = self.backend.call(entry.name, entry.estimator, method, args, kwargs,
+                                   finite=header.get("finite") is True)
         return self._reply_result(header, result, entry.estimator)
 
     def _op_attribute(self, header, buffers):

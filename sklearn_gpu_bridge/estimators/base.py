@@ -158,18 +158,24 @@ class RemoteEstimator(BaseEstimator):
             self.n_samples_fit_ = X.shape[0]
         if sample_weight is not None:
             fit_kwargs["sample_weight"] = _check_sample_weight(sample_weight, X, dtype=X.dtype)
-        return self._fit_prepared(method, X, y, fit_kwargs)
+        finite = self._refuses_nan() and fit_kwargs.keys() <= {"sample_weight"}  # the arrays checked above
+        return self._fit_prepared(method, X, y, fit_kwargs, finite=finite)
 
-    def _fit_prepared(self, method, X, y, fit_kwargs):
+    def _refuses_nan(self):
+        """Whether this class's validation (scikit-learn's) refused NaN and inf in what it checked."""
+        return self._validation.get("ensure_all_finite", True) is True
+
+    def _fit_prepared(self, method, X, y, fit_kwargs, finite=False):
+        """Fit on the worker; ``finite``: X, y and the fit's arrays were checked for NaN and inf here."""
         connection = get_connection()  # no worker: WorkerUnavailable; a fit never falls back
         args = [X] + ([] if y is None else [y])
         if self._accel_params is None:
             own = self.get_params(deep=False)  # read once: what travels, and which the user changed
             fitted = connection.fit(self._remote_name, self._remote_params(own), method, args, fit_kwargs,
-                                    changed=self._changed(own))
+                                    changed=self._changed(own), finite=finite)
         else:  # accel: scikit-learn's class's parameters, mapped on the worker as cuML maps them
             fitted = connection.fit(self._remote_name, self._remote_params(None), method, args, fit_kwargs,
-                                    params_from="sklearn")
+                                    params_from="sklearn", finite=finite)
         for key in _STATE_KEYS:
             self.__dict__.pop(key, None)
         self._remote = RemoteHandle(connection, fitted.handle)
@@ -228,10 +234,14 @@ class RemoteEstimator(BaseEstimator):
             args = [check_array(X, **{"accept_sparse": self._sparse_call, **self._validation})]
         else:
             args = [self._validate(X, reset=False)]
-        return self._run(method, args, kwargs)
+        finite = self._refuses_nan() and not any(isinstance(v, np.ndarray) for v in kwargs.values())
+        return self._run(method, args, kwargs, finite=finite)
 
-    def _run(self, method, args, kwargs, *, fallback=True):
-        """``method(*args, **kwargs)`` on the worker; on the local scikit-learn model if allowed."""
+    def _run(self, method, args, kwargs, *, fallback=True, finite=False):
+        """``method(*args, **kwargs)`` on the worker; on the local scikit-learn model if allowed.
+
+        ``finite``: every float array of ``args`` and ``kwargs`` was checked for NaN and inf here.
+        """
         try:
             connection = get_connection()
         except WorkerUnavailable as exc:
@@ -239,7 +249,8 @@ class RemoteEstimator(BaseEstimator):
                 raise
             return self._run_on_cpu(method, args, kwargs, exc)
         handle = self._handle_on(connection)
-        return connection.call(handle, method, args, kwargs, n_classes=len(getattr(self, "classes_", ())))
+        return connection.call(handle, method, args, kwargs, n_classes=len(getattr(self, "classes_", ())),
+                               finite=finite)
 
     def _run_on_cpu(self, method, args, kwargs, exc):
         name = type(self).__name__

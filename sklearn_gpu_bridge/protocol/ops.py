@@ -56,7 +56,8 @@ OPS = {
     "status": Op(
         "quick", request="-",
         reply="backend, pid, address, uptime, handles, pools, clients, requests {op: n}, "
-              "refused {reason: n}, swept {reason: n}, rss, versions, array_cache {entries, bytes, max_bytes}",
+              "refused {reason: n}, swept {reason: n}, rss, versions, array_cache {entries, bytes, max_bytes}, "
+              "pinned {pinned, budget, refused} (bytes of pools page-locked for the GPU; null without)",
     ),
     "release": Op("quick", request="release: [handle] (the common field)", reply="-"),
     "goodbye": Op("quick", request="-", reply="released: int (the client's handles, pool and arrays are freed)"),
@@ -66,7 +67,8 @@ OPS = {
         request=f"estimator: catalogue name; method: fit | fit_transform | fit_predict | partial_fit; "
                 f"params: dict of plain values, or a blob marker (cloudpickle); changed: [param] (set by the "
                 f"user: refused rather than dropped); params_from: 'sklearn' (accel: scikit-learn's parameters, "
-                f"mapped as cuML maps them) or absent (the wrapper's, cuML's names); {_ARRAYS}",
+                f"mapped as cuML maps them) or absent (the wrapper's, cuML's names); finite: true (optional: the "
+                f"client checked every float array for NaN and inf; the estimator does not again); {_ARRAYS}",
         reply="payload: {result: the method's result (None for fit), handle: int, dropped: [param]}",
         buffers="frames of arrays; the params blob",
         errors="the estimator's own (ValueError ...); ValueError (unknown estimator, or a user-set parameter "
@@ -75,7 +77,8 @@ OPS = {
     ),
     "call": Op(
         "work",
-        request=f"handle: int (one of this client's); method: one the catalogue lists for the class; {_ARRAYS}",
+        request=f"handle: int (one of this client's); method: one the catalogue lists for the class; "
+                f"finite: true (optional, as for fit); {_ARRAYS}",
         reply="payload: {result}",
         buffers="frames of arrays",
         errors="the estimator's own; KeyError (no such handle of this client); AttributeError (method not "
