@@ -148,11 +148,23 @@ for stage in "$@"; do
         fi
         step 300 "$OUT/pinning-after.txt" python3 benchmarks/e2e.py --parts cases --only "$cases" --no-sklearn-large \
           --out "$OUT/e2e-pinning-after-$round.json"
-      done
+      done ;;
+    pinning-legs)  # the same change: where the large cases' time goes now, and the cuML tests it touches
       step 150 "$OUT/pinning-legs.txt" python3 benchmarks/e2e.py --parts profile \
         --only "KMeans(8)|LogisticRegression fit 1M|NearestNeighbors" --out /tmp/legs.json
       step 300 "$OUT/pytest-cuml-pinning.txt" "${PYTEST[@]}" -q -rfEs --tb=short tests/test_pool.py \
         tests/test_bad_input.py tests/test_faults.py ;;
+    neighbours)  # issue 15, the same evening: arrays of 4 MiB and more copied and checked on all cores (was 16 MB);
+      # the neighbour cases (12.8 MB) and two that do not move, before (BEFORE_SITE) and after, alternated
+      cases="NearestNeighbors|KNeighbors|10000x1280|StandardScaler fit_transform 5000x20"
+      for round in 1 2; do
+        if [ -n "${BEFORE_SITE:-}" ]; then
+          step 200 "$OUT/neighbours-before.txt" env PYTHONPATH="$BEFORE_SITE:$PYTHONPATH" python3 benchmarks/e2e.py \
+            --parts cases --only "$cases" --no-sklearn-large --out "$OUT/e2e-neighbours-before-$round.json"
+        fi
+        step 200 "$OUT/neighbours-after.txt" python3 benchmarks/e2e.py --parts cases --only "$cases" \
+          --no-sklearn-large --out "$OUT/e2e-neighbours-after-$round.json"
+      done ;;
     table)  # the README's table: every case, three ways, scikit-learn on all cores included
       step 590 "$OUT/e2e-table.txt" python3 benchmarks/e2e.py --parts cases --out "$OUT/e2e-table.json" ;;
     grid-njobs)  # the README's n_jobs rows: the grid with the default worker, 3 repeats

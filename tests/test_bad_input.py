@@ -294,7 +294,7 @@ def test_array_larger_than_a_pool_segment_goes_through_a_wrapper(connection):
 
 @pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf], ids=["nan", "inf", "minus-inf"])
 def test_large_arrays_checked_in_parallel_give_scikit_learns_error_before_sending(connection, value):
-    """Arrays of 16 MB and more are checked for NaN/inf in chunks on all cores: same error, nothing sent."""
+    """Arrays of 4 MiB and more are checked for NaN/inf in chunks on all cores: same error, nothing sent."""
     from sklearn.decomposition import PCA
 
     X = np.random.default_rng(3).standard_normal((600_000, 4))
