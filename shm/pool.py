@@ -399,7 +399,12 @@ class PoolAttachment:
             return False
 
     def close(self):
-        """Unregister pinned segments, then let the mappings go (each when no array uses it any more)."""
+        """Unregister pinned segments, then let the mappings go (each when no array uses it any more).
+
+        A request of this client still running keeps its arrays' mapping, so the
+        pages it reads stay there; only their lock goes (the client is gone, or
+        said goodbye, and nobody waits for that answer).
+        """
         with self._lock:
             self._closed = True
             pinned = [p for p in self._pinned.values() if p]

@@ -411,6 +411,8 @@ def test_wrappers_say_finite_only_where_their_checks_refused_nan(connection, mon
     model = GPULogisticRegression().fit(X0, (X0[:, 0] > 0).astype(int))  # refuses NaN: finite
     model.predict(XT)
     GPUStandardScaler().fit(X0).transform(XT)  # lets NaN through (as scikit-learn's does): not finite
+    kmeans = GPUKMeans(n_clusters=2, n_init=1, random_state=0).fit(X0)
+    kmeans.score(XT, sample_weight=[1.0] * len(XT))  # a weight the wrapper passes on unchecked: not finite
     said = [(h["op"], h.get("method"), h.get("finite", False)) for h in headers if h["op"] in ("fit", "call")]
     assert said == [("fit", "fit", True), ("call", "predict", True), ("fit", "fit", False),
-                    ("call", "transform", False)]
+                    ("call", "transform", False), ("fit", "fit", True), ("call", "score", False)]

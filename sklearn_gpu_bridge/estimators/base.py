@@ -234,7 +234,9 @@ class RemoteEstimator(BaseEstimator):
             args = [check_array(X, **{"accept_sparse": self._sparse_call, **self._validation})]
         else:
             args = [self._validate(X, reset=False)]
-        finite = self._refuses_nan() and not any(isinstance(v, np.ndarray) for v in kwargs.values())
+        # kwargs that are not scalars (score's sample_weight) were not checked here
+        plain = all(v is None or isinstance(v, (bool, int, float, str)) for v in kwargs.values())
+        finite = self._refuses_nan() and plain
         return self._run(method, args, kwargs, finite=finite)
 
     def _run(self, method, args, kwargs, *, fallback=True, finite=False):
