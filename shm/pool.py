@@ -259,7 +259,9 @@ class PoolAttachment:
 
     ``pinning`` (the worker's ``HostPinning``, or None): a mapped segment is
     registered with it the first time a read or an output range of at least
-    ``PIN_MIN_BYTES`` lies in it, and unregistered by :meth:`close`.
+    ``PIN_MIN_BYTES`` lies in it, and unregistered by :meth:`close`, or, when
+    requests still :meth:`hold` the attachment, when the last one lets go: the
+    GPU may still be reading a registered range until its request settles.
     """
 
     def __init__(self, described, folders=(), pinning=None):
@@ -279,8 +281,9 @@ class PoolAttachment:
         self._segments = {}  # id -> (fd or None, size, map or None)
         self._lock = threading.Lock()
         self.pinning = pinning
-        self._pinned = {}  # id -> (address, nbytes) once registered, None while being registered or refused
+        self._pinned = {}  # id -> (address, nbytes, mapping) once registered; None while registering or refused
         self._closed = False
+        self._holders = 0  # requests that use the pool now
         self.first_id = described.get("segment")
         self._segment(self.first_id, first=True)
 
@@ -344,18 +347,43 @@ class PoolAttachment:
                 return
             self._pinned[segment] = None  # claimed: another thread's request goes on pageable meanwhile
         address, nbytes = _address(mapped), len(mapped)
-        if not self.pinning.pin(address, nbytes):
+        if not self.pinning.pin(address, nbytes, held=self.pinned_bytes):
             return
         with self._lock:
-            if not self._closed:
-                self._pinned[segment] = (address, nbytes)
+            self._pinned[segment] = (address, nbytes, mapped)  # the mapping with it: never unmapped while registered
+            if not self._closed or self._holders:
                 return
-        self.pinning.unpin(address, nbytes)  # closed while it was being registered
+            pinned = self._take_pinned()  # closed meanwhile, and no request holds the pool any more
+        self._unpin(pinned)
+
+    def is_pinned(self, segment):
+        with self._lock:
+            return bool(self._pinned.get(segment))
 
     @property
     def pinned_bytes(self):
         with self._lock:
             return sum(pinned[1] for pinned in self._pinned.values() if pinned)
+
+    def hold(self):
+        """A request uses this pool until :meth:`let_go`: its pinned segments stay registered meanwhile."""
+        with self._lock:
+            self._holders += 1
+
+    def let_go(self):
+        with self._lock:
+            self._holders -= 1
+            pinned = self._take_pinned() if self._closed and self._holders == 0 else []
+        self._unpin(pinned)
+
+    def _take_pinned(self):
+        pinned = [p for p in self._pinned.values() if p]
+        self._pinned.clear()
+        return pinned
+
+    def _unpin(self, pinned):
+        for address, nbytes, _ in pinned:
+            self.pinning.unpin(address, nbytes)
 
     def read(self, segment, offset, nbytes):
         """[offset, offset+nbytes) of a segment: a view of a memfd, a copy of a file (read with pread)."""
@@ -399,18 +427,12 @@ class PoolAttachment:
             return False
 
     def close(self):
-        """Unregister pinned segments, then let the mappings go (each when no array uses it any more).
-
-        A request of this client still running keeps its arrays' mapping, so the
-        pages it reads stay there; only their lock goes (the client is gone, or
-        said goodbye, and nobody waits for that answer).
-        """
+        """Unregister pinned segments (now, or when the last request that holds the pool lets go), and let
+        the mappings go (each when no array uses it any more, and never while it is registered)."""
         with self._lock:
             self._closed = True
-            pinned = [p for p in self._pinned.values() if p]
-            self._pinned.clear()
-        for address, nbytes in pinned:  # before the memory can be unmapped
-            self.pinning.unpin(address, nbytes)
+            pinned = self._take_pinned() if self._holders == 0 else []
+        self._unpin(pinned)
         with self._lock:
             for fd, _, mapped in self._segments.values():
                 if mapped is not None:

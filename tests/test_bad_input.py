@@ -413,6 +413,28 @@ def test_wrappers_say_finite_only_where_their_checks_refused_nan(connection, mon
     GPUStandardScaler().fit(X0).transform(XT)  # lets NaN through (as scikit-learn's does): not finite
     kmeans = GPUKMeans(n_clusters=2, n_init=1, random_state=0).fit(X0)
     kmeans.score(XT, sample_weight=[1.0] * len(XT))  # a weight the wrapper passes on unchecked: not finite
+    GPUKMeans(n_clusters=2, init=X0[:2].copy(), n_init=1).fit(X0)  # an array in the parameters: not finite
     said = [(h["op"], h.get("method"), h.get("finite", False)) for h in headers if h["op"] in ("fit", "call")]
     assert said == [("fit", "fit", True), ("call", "predict", True), ("fit", "fit", False),
-                    ("call", "transform", False), ("fit", "fit", True), ("call", "score", False)]
+                    ("call", "transform", False), ("fit", "fit", True), ("call", "score", False),
+                    ("fit", "fit", False)]
+
+
+def test_a_large_query_turned_sparse_is_checked_before_it_is_sent(connection):
+    """A model fitted on sparse data turns a dense query into CSR, which drops the deferred check's mark:
+    the check runs before the conversion, with scikit-learn's words, and nothing is sent."""
+    from sklearn.neighbors import NearestNeighbors
+
+    from sklearn_gpu_bridge import GPUNearestNeighbors
+
+    train = sp.random(200, 8, density=0.5, format="csr", random_state=0)
+    Q = np.random.default_rng(9).standard_normal((80_000, 8))  # 5 MB: its check is deferred to the copy
+    Q[79_999, 7] = np.nan
+    with pytest.raises(ValueError) as expected:
+        NearestNeighbors(n_neighbors=2).fit(train).kneighbors(Q)
+    model = GPUNearestNeighbors(n_neighbors=2).fit(train)
+    before = connection.status()["requests"]
+    with pytest.raises(ValueError) as got:
+        model.kneighbors(Q)
+    assert _message(got.value, "GPUNearestNeighbors", "NearestNeighbors") == str(expected.value)
+    assert "call" not in _sent(connection, before)

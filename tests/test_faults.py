@@ -192,7 +192,8 @@ _LOCAL_RESTART_SCRIPT = textwrap.dedent("""
     connection = fit_and_note()
 
     # 2. killed in the middle of a call: WorkerLost at once, then a new worker on the next call
-    Xl, yl = make_classification(n_samples=6000, n_features=50, flip_y=0.4, random_state=0)
+    # 1.4 s for scikit-learn on an idle 2-core VM: too close to the kill at 1.5 s; 12000 take 24 s
+    Xl, yl = make_classification(n_samples=12000, n_features=50, flip_y=0.4, random_state=0)
     killed = []
 
     def kill_soon(pid):

@@ -279,9 +279,12 @@ class DriverStandIn:
 
     def __init__(self, fail=False, delay=0.0):
         self.ranges, self.calls, self.fail, self.delay = {}, [], fail, delay
+        self.attempts = 0
         self.lock = threading.Lock()
 
     def register(self, address, nbytes):
+        with self.lock:
+            self.attempts += 1
         time.sleep(self.delay)
         if self.fail:
             raise RuntimeError("cudaErrorNotSupported")
@@ -348,10 +351,27 @@ def test_two_requests_that_meet_a_new_segment_at_once_register_it_once(big_pool)
     pool, attach = big_pool
     block = pool.allocate(PIN_MIN_BYTES)
     driver = DriverStandIn(delay=0.2)
-    attachment = attach(HostPinning(driver.register, driver.unregister, budget=1 << 40))
+    pinning = HostPinning(driver.register, driver.unregister, budget=1 << 40)
+    attachment = attach(pinning)
     with ThreadPoolExecutor(4) as threads:
         views = list(threads.map(lambda _: attachment.read(block.segment, block.offset, PIN_MIN_BYTES), range(4)))
-    assert len(views) == 4 and [call[0] for call in driver.calls] == ["register"]
+    assert len(views) == 4 and driver.attempts == 1 and pinning.status()["refused"] == 0
+
+
+@needs_memfd
+def test_a_segment_stays_registered_until_the_last_request_that_holds_the_pool_lets_go(big_pool):
+    """A client that leaves while its request still runs: the GPU may still be copying from the pinned pages."""
+    pool, attach = big_pool
+    block = pool.allocate(PIN_MIN_BYTES)
+    driver = DriverStandIn()
+    pinning = HostPinning(driver.register, driver.unregister, budget=1 << 40)
+    attachment = attach(pinning)
+    attachment.hold()
+    attachment.read(block.segment, block.offset, PIN_MIN_BYTES)
+    attachment.close()  # the client said goodbye, or died
+    assert len(driver.ranges) == 1 and pinning.pinned > 0
+    attachment.let_go()
+    assert driver.ranges == {} and pinning.pinned == 0
 
 
 @needs_memfd
@@ -360,15 +380,17 @@ def test_a_client_cannot_make_the_worker_lock_more_memory_than_its_budget(big_po
     pool, attach = big_pool
     blocks = [pool.allocate(64 << 20) for _ in range(3)]  # three segments of 64 MiB (sparse)
     driver = DriverStandIn()
-    pinning = HostPinning(driver.register, driver.unregister, budget=100 << 20)
+    pinning = HostPinning(driver.register, driver.unregister, budget=160 << 20)  # one pool: at most 80 MiB
     attachment = attach(pinning)
     for block in blocks:
         assert len(attachment.read(block.segment, block.offset, 64 << 20)) == 64 << 20  # still served
-    assert sum(driver.ranges.values()) == pinning.pinned <= 100 << 20
-    assert pinning.pinned > 0 and pinning.status()["refused"] == len(blocks) - 1
-    another = attach(pinning)  # a second client's pool shares the same budget
-    assert len(another.read(blocks[2].segment, blocks[2].offset, 64 << 20)) == 64 << 20
-    assert sum(driver.ranges.values()) == pinning.pinned <= 100 << 20
+    assert sum(driver.ranges.values()) == pinning.pinned == attachment.pinned_bytes == 64 << 20
+    assert pinning.status()["refused"] == 2  # the pool's share is spent: the others stay pageable
+    others = [attach(pinning), attach(pinning)]  # two more clients' pools share what is left
+    for other in others:
+        assert len(other.read(blocks[2].segment, blocks[2].offset, 64 << 20)) == 64 << 20
+    assert sum(driver.ranges.values()) == pinning.pinned == 128 << 20 <= pinning.budget
+    assert [other.pinned_bytes for other in others] == [64 << 20, 0]
 
 
 @needs_memfd

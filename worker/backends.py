@@ -101,6 +101,9 @@ class Backend:
         """A :class:`HostPinning` for clients' pool segments, or None where copies do not gain from it."""
         return None
 
+    def settle(self):
+        """Return once the device has finished reading host memory this thread gave it (pinning.py)."""
+
     def estimator_class(self, name):
         cls = self._classes.get(name)
         if cls is None:
@@ -240,6 +243,12 @@ class CumlBackend(Backend):
 
         runtime = cupy.cuda.runtime
         return HostPinning(lambda address, nbytes: runtime.hostRegister(address, nbytes, 0), runtime.hostUnregister)
+
+    def settle(self):
+        # The whole device, not this thread's stream: cuML may copy on a stream of its own.
+        import cupy
+
+        cupy.cuda.runtime.deviceSynchronize()
 
     def output_context(self, method):
         # The bulky results of transforms stay CuPy arrays until the reply is encoded, which

@@ -14,9 +14,15 @@ its client's pool is detached.
 
 Registering holds the driver's lock (other threads' GPU work waits), and
 locked memory cannot be swapped: a budget bounds the bytes held locked for
-all clients together, so a client that describes a huge pool cannot make
-the worker lock the host's memory. Past the budget, segments stay pageable;
-the answers are the same, only the copies slower.
+all clients together (an eighth of the memory this process may use: the
+host's, or its cgroup's limit), and one pool may hold half of it, so a
+client that describes a huge pool cannot make the worker lock the host's
+memory, nor keep all of the budget from the others. Past it, segments stay
+pageable; the answers are the same, only the copies slower.
+
+Copies from registered memory are asynchronous: the worker waits for the
+device (``settle``) before it answers a request that read a pinned range,
+since the client reuses the block as soon as the answer comes.
 """
 
 import logging
@@ -25,15 +31,23 @@ import threading
 
 log = logging.getLogger(__name__)
 
-#: at most this share of the host's memory is held locked for pools, all clients together
-BUDGET_SHARE = 0.25
+#: at most this share of the memory the worker may use is held locked for pools, all clients together
+BUDGET_SHARE = 1 / 8
+CGROUP_LIMIT = "/sys/fs/cgroup/memory.max"  # cgroup v2: "max" or bytes
 
 
 def host_memory_bytes():
+    """The host's memory, or less where this process's cgroup is limited to less."""
     try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
-        return 0
+        total = 0
+    try:
+        with open(CGROUP_LIMIT) as f:
+            limit = f.read().strip()
+    except OSError:
+        return total
+    return min(total, int(limit)) if limit.isdigit() else total
 
 
 class HostPinning:
@@ -47,15 +61,16 @@ class HostPinning:
     def __init__(self, register, unregister, budget=None):
         self._register, self._unregister = register, unregister
         self.budget = int(host_memory_bytes() * BUDGET_SHARE) if budget is None else int(budget)
+        self.per_pool = self.budget // 2  # what one client's pool may hold of it
         self.pinned = 0  # bytes registered now
         self.refused = 0  # ranges left pageable: over the budget, or the driver said no
         self._lock = threading.Lock()
         self._warned = False
 
-    def pin(self, address, nbytes):
-        """Register ``[address, address + nbytes)``; whether it was."""
+    def pin(self, address, nbytes, held=0):
+        """Register ``[address, address + nbytes)`` for a pool that holds ``held`` bytes so; whether it was."""
         with self._lock:
-            if self.pinned + nbytes > self.budget:
+            if self.pinned + nbytes > self.budget or held + nbytes > self.per_pool:
                 self.refused += 1
                 return False
             self.pinned += nbytes  # held while registering: two segments at once never pass the budget together

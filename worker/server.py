@@ -401,6 +401,7 @@ class Worker:
     def _handle(self, header, buffers, received=None):
         """Run one operation; always returns reply frames, never raises."""
         self._local.kept = []  # keys of the arrays this request asked the worker to keep, and it kept
+        self._local.pools, self._local.read_pinned = [], False  # see _pool_of
         try:
             started = received or time.monotonic()
             self._release(header)
@@ -420,6 +421,28 @@ class Worker:
             return self.session.pack(reply, reply_buffers)
         except Exception as exc:  # noqa: BLE001 - every failure becomes an error reply
             return self._error_reply(header, exc)
+        finally:
+            self._let_go()
+
+    def _pool_of(self, header):
+        """The pool a request names (None: none), held by it until it has settled (:meth:`_let_go`)."""
+        attachment = self.clients.attachment(header["client"], header.get("pool"))
+        if attachment is not None and attachment not in self._local.pools:
+            attachment.hold()
+            self._local.pools.append(attachment)
+        return attachment
+
+    def _let_go(self):
+        """Before the reply: wait for the device where a copy came from pinned memory (it runs in the
+        background, and the client reuses the block once answered); then let the request's pools go."""
+        pools, self._local.pools = self._local.pools, []
+        try:
+            if self._local.read_pinned:
+                self._local.read_pinned = False
+                self.backend.settle()
+        finally:
+            for attachment in pools:
+                attachment.let_go()
 
     def _error_reply(self, header, exc):
         reply = {"op": "error", "id": new_id(), "parent": header.get("id"), **describe(exc, to_plain)}
@@ -519,12 +542,16 @@ class Worker:
     # ------------------------------------------------------------ work ops
 
     def _decoder(self, header, buffers):
-        attachment = self.clients.attachment(header["client"], header.get("pool"))
+        attachment = self._pool_of(header)
         read_pool = None
         if attachment is not None:
             retains = header["op"] == "fit" or header.get("method") == "partial_fit"
             if self.backend.device_resident or not retains or attachment.kind == "file":  # files are read as copies
-                read_pool = attachment.read
+                def read_pool(segment, offset, nbytes):
+                    view = attachment.read(segment, offset, nbytes)
+                    if attachment.is_pinned(segment):
+                        self._local.read_pinned = True
+                    return view
             else:  # a fitted CPU estimator may keep a view of its input: never of a block the client reuses
                 read_pool = lambda s, o, n: bytearray(attachment.read(s, o, n))  # noqa: E731
         cache = None
@@ -535,7 +562,7 @@ class Worker:
     def _encoder(self, header):
         """(encoder, output): results go into the output block the client gave, else as frames."""
         out = header.get("out")
-        attachment = self.clients.attachment(header["client"], header.get("pool"))
+        attachment = self._pool_of(header)
         if not out or attachment is None:
             return Encoder(), None
         segment, start, size = out.get("segment"), out.get("offset"), out.get("nbytes")

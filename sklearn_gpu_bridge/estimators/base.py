@@ -166,16 +166,19 @@ class RemoteEstimator(BaseEstimator):
         return self._validation.get("ensure_all_finite", True) is True
 
     def _fit_prepared(self, method, X, y, fit_kwargs, finite=False):
-        """Fit on the worker; ``finite``: X, y and the fit's arrays were checked for NaN and inf here."""
+        """Fit on the worker; ``finite``: X, y and the fit's arrays were checked for NaN and inf here
+        (parameters that hold arrays, such as KMeans' ``init``, were not: then the worker checks)."""
         connection = get_connection()  # no worker: WorkerUnavailable; a fit never falls back
         args = [X] + ([] if y is None else [y])
         if self._accel_params is None:
             own = self.get_params(deep=False)  # read once: what travels, and which the user changed
-            fitted = connection.fit(self._remote_name, self._remote_params(own), method, args, fit_kwargs,
-                                    changed=self._changed(own), finite=finite)
+            params = self._remote_params(own)
+            fitted = connection.fit(self._remote_name, params, method, args, fit_kwargs,
+                                    changed=self._changed(own), finite=finite and _scalars(params.values()))
         else:  # accel: scikit-learn's class's parameters, mapped on the worker as cuML maps them
-            fitted = connection.fit(self._remote_name, self._remote_params(None), method, args, fit_kwargs,
-                                    params_from="sklearn", finite=finite)
+            params = self._remote_params(None)
+            fitted = connection.fit(self._remote_name, params, method, args, fit_kwargs,
+                                    params_from="sklearn", finite=finite and _scalars(params.values()))
         for key in _STATE_KEYS:
             self.__dict__.pop(key, None)
         self._remote = RemoteHandle(connection, fitted.handle)
@@ -235,8 +238,7 @@ class RemoteEstimator(BaseEstimator):
         else:
             args = [self._validate(X, reset=False)]
         # kwargs that are not scalars (score's sample_weight) were not checked here
-        plain = all(v is None or isinstance(v, (bool, int, float, str)) for v in kwargs.values())
-        finite = self._refuses_nan() and plain
+        finite = self._refuses_nan() and _scalars(kwargs.values())
         return self._run(method, args, kwargs, finite=finite)
 
     def _run(self, method, args, kwargs, *, fallback=True, finite=False):
@@ -396,6 +398,11 @@ def _same(a, b):
         return bool(a == b) if not isinstance(a, np.ndarray) else np.array_equal(a, b)
     except Exception:  # noqa: BLE001 - incomparable values are different
         return a is b
+
+
+def _scalars(values):
+    """Whether every value is a scalar or None: nothing in them that scikit-learn's check of X and y saw."""
+    return all(v is None or isinstance(v, (bool, int, float, str)) for v in values)
 
 
 def _codes(codes):

@@ -2,6 +2,7 @@
 
 from scipy import sparse
 
+from ..protocol.arrays import check_finite_now
 from .base import _NO_X
 from .spec import remote_estimator
 
@@ -25,7 +26,7 @@ class _SparseNeighbors:
         if y is not _NO_X or kwargs.get("reset", True):  # fitting
             return X
         if getattr(self, "_fitted_on_sparse", False) and not sparse.issparse(X):
-            return sparse.csr_matrix(X)
+            return sparse.csr_matrix(check_finite_now(X))
         if not getattr(self, "_fitted_on_sparse", True) and sparse.issparse(X):
             return X.toarray()
         return X

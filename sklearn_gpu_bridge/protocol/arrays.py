@@ -185,6 +185,17 @@ def defer_finite_check(array, on_failure):
     return view
 
 
+def check_finite_now(array):
+    """A plain ndarray of ``array``, its deferred check run now: before a conversion that would lose the mark
+    (``scipy.sparse.csr_matrix``), so that nothing unchecked is sent as checked."""
+    if not isinstance(array, Unchecked):
+        return array
+    plain = array.view(np.ndarray)
+    if not all_sums_finite(plain):
+        array.on_failure(plain)
+    return plain
+
+
 # ---------------------------------------------------------------- writing
 
 
