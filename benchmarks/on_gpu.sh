@@ -165,6 +165,18 @@ for stage in "$@"; do
         step 200 "$OUT/neighbours-after.txt" python3 benchmarks/e2e.py --parts cases --only "$cases" \
           --no-sklearn-large --out "$OUT/e2e-neighbours-after-$round.json"
       done ;;
+    settle)  # the review's mends (a request that read pinned memory waits for the device before its reply; pools
+      # held until then): the cuML tests of the pool and of bad input, then cases before (BEFORE_SITE) and after
+      step 200 "$OUT/pytest-cuml-settle.txt" "${PYTEST[@]}" -q -rfEs --tb=short tests/test_pool.py tests/test_bad_input.py
+      cases="10000x1280|KMeans(8)|LogisticRegression fit 1M x 50|NearestNeighbors|StandardScaler fit_transform 5000x20"
+      for round in $(seq "${ROUNDS:-1}"); do
+        if [ -n "${BEFORE_SITE:-}" ]; then
+          step 200 "$OUT/settle-before.txt" env PYTHONPATH="$BEFORE_SITE:$PYTHONPATH" python3 benchmarks/e2e.py \
+            --parts cases --only "$cases" --no-sklearn-large --out "$OUT/e2e-settle-before-$round.json"
+        fi
+        step 200 "$OUT/settle-after.txt" python3 benchmarks/e2e.py --parts cases --only "$cases" --no-sklearn-large \
+          --out "$OUT/e2e-settle-after-$round.json"
+      done ;;
     table)  # the README's table: every case, three ways, scikit-learn on all cores included
       step 590 "$OUT/e2e-table.txt" python3 benchmarks/e2e.py --parts cases --out "$OUT/e2e-table.json" ;;
     grid-njobs)  # the README's n_jobs rows: the grid with the default worker, 3 repeats
