@@ -347,7 +347,7 @@ class PoolAttachment:
                 return
             self._pinned[segment] = None  # claimed: another thread's request goes on pageable meanwhile
         address, nbytes = _address(mapped), len(mapped)
-        if not self.pinning.pin(address, nbytes, held=self.pinned_bytes):
+        if not self.pinning.pin(address, nbytes, self):
             return
         with self._lock:
             self._pinned[segment] = (address, nbytes, mapped)  # the mapping with it: never unmapped while registered
@@ -383,7 +383,7 @@ class PoolAttachment:
 
     def _unpin(self, pinned):
         for address, nbytes, _ in pinned:
-            self.pinning.unpin(address, nbytes)
+            self.pinning.unpin(address, nbytes, self)
 
     def read(self, segment, offset, nbytes):
         """[offset, offset+nbytes) of a segment: a view of a memfd, a copy of a file (read with pread)."""

@@ -394,6 +394,18 @@ def test_a_client_cannot_make_the_worker_lock_more_memory_than_its_budget(big_po
 
 
 @needs_memfd
+def test_two_segments_of_one_pool_registered_at_once_stay_within_its_share(big_pool):
+    pool, attach = big_pool
+    blocks = [pool.allocate(64 << 20) for _ in range(2)]
+    driver = DriverStandIn(delay=0.2)
+    pinning = HostPinning(driver.register, driver.unregister, budget=160 << 20)  # one pool: at most 80 MiB
+    attachment = attach(pinning)
+    with ThreadPoolExecutor(2) as threads:
+        list(threads.map(lambda block: attachment.read(block.segment, block.offset, 64 << 20), blocks))
+    assert driver.attempts == 1 and pinning.pinned == attachment.pinned_bytes == 64 << 20
+
+
+@needs_memfd
 def test_a_driver_that_refuses_leaves_the_segment_pageable_and_is_not_asked_again(big_pool):
     pool, attach = big_pool
     block = pool.allocate(PIN_MIN_BYTES)
@@ -529,3 +541,41 @@ def test_array_larger_than_a_segment_round_trips(connection):
     del result
     gc.collect()
     assert connection.pool.slots_in_use == baseline
+
+
+@needs_memfd
+def test_a_worker_waits_for_the_device_before_answering_a_request_that_read_pinned_memory(tmp_path):
+    """A real worker (in this process, so that its backend can be a recording one) and a real client: the
+    request that read a pinned range settles before its reply, a small one from an unpinned segment does not,
+    and the segment is unregistered when the client says goodbye."""
+    from sklearn_gpu_bridge.client import Connection
+    from sklearn_gpu_bridge.connect import read_connection_file
+    from sklearn_gpu_bridge.worker.backends import SklearnBackend
+    from sklearn_gpu_bridge.worker.server import Worker
+
+    driver, settled = DriverStandIn(), []
+
+    class RecordingBackend(SklearnBackend):
+        def host_pinning(self):
+            return HostPinning(driver.register, driver.unregister, budget=1 << 40)
+
+        def settle(self):
+            settled.append(driver.attempts)
+
+    worker = Worker(RecordingBackend(), connection_file=str(tmp_path / "worker.json"), threads=1).start()
+    thread = threading.Thread(target=worker.serve_forever, daemon=True)
+    thread.start()
+    connection = Connection(read_connection_file(tmp_path / "worker.json"))
+    try:
+        small = np.arange(100_000, dtype=np.float64)  # 0.8 MB: in segment 0, not pinned yet
+        np.testing.assert_array_equal(connection.echo(small)[0], small)
+        assert settled == [] and driver.attempts == 0
+        large = np.arange((PIN_MIN_BYTES + 8) // 8, dtype=np.float64)
+        np.testing.assert_array_equal(connection.echo(large)[0], large)
+        assert settled == [1] and len(driver.ranges) == 1  # registered, then waited for, before the reply
+        assert connection.status()["pinned"]["pinned"] == sum(driver.ranges.values())
+    finally:
+        connection.close()
+        worker._stopping.set()
+        thread.join(timeout=10)
+    assert driver.ranges == {} and worker.pinning.pinned == 0

@@ -28,6 +28,7 @@ since the client reuses the block as soon as the answer comes.
 import logging
 import os
 import threading
+from collections import Counter
 
 log = logging.getLogger(__name__)
 
@@ -62,37 +63,44 @@ class HostPinning:
         self._register, self._unregister = register, unregister
         self.budget = int(host_memory_bytes() * BUDGET_SHARE) if budget is None else int(budget)
         self.per_pool = self.budget // 2  # what one client's pool may hold of it
-        self.pinned = 0  # bytes registered now
+        self.pinned = 0  # bytes registered now (or being registered)
+        self._by_pool = Counter()  # the same, per pool
         self.refused = 0  # ranges left pageable: over the budget, or the driver said no
         self._lock = threading.Lock()
         self._warned = False
 
-    def pin(self, address, nbytes, held=0):
-        """Register ``[address, address + nbytes)`` for a pool that holds ``held`` bytes so; whether it was."""
+    def pin(self, address, nbytes, pool):
+        """Register ``[address, address + nbytes)`` of ``pool`` (any hashable name); whether it was."""
         with self._lock:
-            if self.pinned + nbytes > self.budget or held + nbytes > self.per_pool:
+            if self.pinned + nbytes > self.budget or self._by_pool[pool] + nbytes > self.per_pool:
                 self.refused += 1
                 return False
-            self.pinned += nbytes  # held while registering: two segments at once never pass the budget together
+            self._count(pool, nbytes)  # counted while registering: two at once never pass a limit together
         try:
             self._register(address, nbytes)
         except Exception as exc:  # noqa: BLE001 - pinning only speeds copies up; without it they still work
             with self._lock:
-                self.pinned -= nbytes
+                self._count(pool, -nbytes)
                 self.refused += 1
                 warned, self._warned = self._warned, True
             (log.debug if warned else log.warning)("pool memory stays pageable (%s: %s)", type(exc).__name__, exc)
             return False
         return True
 
-    def unpin(self, address, nbytes):
+    def unpin(self, address, nbytes, pool):
         try:
             self._unregister(address)
         except Exception as exc:  # noqa: BLE001 - the range goes with its mapping anyway
             log.debug("could not unregister pool memory: %s", exc)
         finally:
             with self._lock:
-                self.pinned -= nbytes
+                self._count(pool, -nbytes)
+
+    def _count(self, pool, nbytes):
+        self.pinned += nbytes
+        self._by_pool[pool] += nbytes
+        if not self._by_pool[pool]:
+            del self._by_pool[pool]
 
     def status(self):
         with self._lock:

@@ -425,9 +425,10 @@ class Worker:
             self._let_go()
 
     def _pool_of(self, header):
-        """The pool a request names (None: none), held by it until it has settled (:meth:`_let_go`)."""
+        """The pool a request names (None: none); where pools are pinned, held by the request until it has
+        settled (:meth:`_let_go`)."""
         attachment = self.clients.attachment(header["client"], header.get("pool"))
-        if attachment is not None and attachment not in self._local.pools:
+        if attachment is not None and self.pinning is not None and attachment not in self._local.pools:
             attachment.hold()
             self._local.pools.append(attachment)
         return attachment
@@ -546,14 +547,17 @@ class Worker:
         read_pool = None
         if attachment is not None:
             retains = header["op"] == "fit" or header.get("method") == "partial_fit"
-            if self.backend.device_resident or not retains or attachment.kind == "file":  # files are read as copies
+            if not (self.backend.device_resident or not retains or attachment.kind == "file"):
+                # a fitted CPU estimator may keep a view of its input: never of a block the client reuses
+                read_pool = lambda s, o, n: bytearray(attachment.read(s, o, n))  # noqa: E731
+            elif self.pinning is None:
+                read_pool = attachment.read  # a view of a memfd; files are read as copies
+            else:
                 def read_pool(segment, offset, nbytes):
                     view = attachment.read(segment, offset, nbytes)
                     if attachment.is_pinned(segment):
-                        self._local.read_pinned = True
+                        self._local.read_pinned = True  # _let_go waits for the device before the reply
                     return view
-            else:  # a fitted CPU estimator may keep a view of its input: never of a block the client reuses
-                read_pool = lambda s, o, n: bytearray(attachment.read(s, o, n))  # noqa: E731
         cache = None
         if self.array_cache is not None:
             cache = self.array_cache.for_client(header["client"], self._local.kept)
