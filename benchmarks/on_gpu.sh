@@ -25,6 +25,18 @@ step() {  # step SECONDS LOGFILE COMMAND...: run, append to the log, say how it 
   tail -n 3 "$log"
 }
 
+alternate() {  # alternate NAME SECONDS CASES: e2e's cases before (BEFORE_SITE) and after, ROUNDS times (default 2)
+  local name=$1 seconds=$2 cases=$3 round
+  for round in $(seq "${ROUNDS:-2}"); do
+    if [ -n "${BEFORE_SITE:-}" ]; then
+      step "$seconds" "$OUT/$name-before.txt" env PYTHONPATH="$BEFORE_SITE:$PYTHONPATH" python3 benchmarks/e2e.py \
+        --parts cases --only "$cases" --no-sklearn-large --out "$OUT/e2e-$name-before-$round.json"
+    fi
+    step "$seconds" "$OUT/$name-after.txt" python3 benchmarks/e2e.py --parts cases --only "$cases" \
+      --no-sklearn-large --out "$OUT/e2e-$name-after-$round.json"
+  done
+}
+
 for stage in "$@"; do
   case $stage in
     reliability)  # security over CURVE, faults (the GPU's own out-of-memory test too), the bad-input table
@@ -140,15 +152,7 @@ for stage in "$@"; do
     pinning)  # issue 15, 2026-11-24 late: pool segments pinned for the GPU's DMA, NaN looked for once; the large
       # cases and two small ones before (BEFORE_SITE) and after, alternated; the legs; the cuML tests they touch
       cases="10000x1280|KMeans(8)|PCA(10)|LogisticRegression fit 1M|SVC(rbf) fit+predict 20000x20|NearestNeighbors"
-      cases="$cases|KNeighbors|StandardScaler fit_transform 5000x20|LogisticRegression fit+predict 5000x20"
-      for round in 1 2; do
-        if [ -n "${BEFORE_SITE:-}" ]; then
-          step 300 "$OUT/pinning-before.txt" env PYTHONPATH="$BEFORE_SITE:$PYTHONPATH" python3 benchmarks/e2e.py \
-            --parts cases --only "$cases" --no-sklearn-large --out "$OUT/e2e-pinning-before-$round.json"
-        fi
-        step 300 "$OUT/pinning-after.txt" python3 benchmarks/e2e.py --parts cases --only "$cases" --no-sklearn-large \
-          --out "$OUT/e2e-pinning-after-$round.json"
-      done ;;
+      alternate pinning 300 "$cases|KNeighbors|StandardScaler fit_transform 5000x20|LogisticRegression fit+predict 5000x20" ;;
     pinning-legs)  # the same change: where the large cases' time goes now, and the cuML tests it touches
       step 150 "$OUT/pinning-legs.txt" python3 benchmarks/e2e.py --parts profile \
         --only "KMeans(8)|LogisticRegression fit 1M|NearestNeighbors" --out /tmp/legs.json
@@ -156,27 +160,11 @@ for stage in "$@"; do
         tests/test_bad_input.py tests/test_faults.py ;;
     neighbours)  # issue 15, the same evening: arrays of 4 MiB and more copied and checked on all cores (was 16 MB);
       # the neighbour cases (12.8 MB) and two that do not move, before (BEFORE_SITE) and after, alternated
-      cases="NearestNeighbors|KNeighbors|10000x1280|StandardScaler fit_transform 5000x20"
-      for round in 1 2; do
-        if [ -n "${BEFORE_SITE:-}" ]; then
-          step 200 "$OUT/neighbours-before.txt" env PYTHONPATH="$BEFORE_SITE:$PYTHONPATH" python3 benchmarks/e2e.py \
-            --parts cases --only "$cases" --no-sklearn-large --out "$OUT/e2e-neighbours-before-$round.json"
-        fi
-        step 200 "$OUT/neighbours-after.txt" python3 benchmarks/e2e.py --parts cases --only "$cases" \
-          --no-sklearn-large --out "$OUT/e2e-neighbours-after-$round.json"
-      done ;;
+      alternate neighbours 200 "NearestNeighbors|KNeighbors|10000x1280|StandardScaler fit_transform 5000x20" ;;
     settle)  # the review's mends (a request that read pinned memory waits for the device before its reply; pools
       # held until then): the cuML tests of the pool and of bad input, then cases before (BEFORE_SITE) and after
       step 200 "$OUT/pytest-cuml-settle.txt" "${PYTEST[@]}" -q -rfEs --tb=short tests/test_pool.py tests/test_bad_input.py
-      cases="10000x1280|KMeans(8)|LogisticRegression fit 1M x 50|NearestNeighbors|StandardScaler fit_transform 5000x20"
-      for round in $(seq "${ROUNDS:-1}"); do
-        if [ -n "${BEFORE_SITE:-}" ]; then
-          step 200 "$OUT/settle-before.txt" env PYTHONPATH="$BEFORE_SITE:$PYTHONPATH" python3 benchmarks/e2e.py \
-            --parts cases --only "$cases" --no-sklearn-large --out "$OUT/e2e-settle-before-$round.json"
-        fi
-        step 200 "$OUT/settle-after.txt" python3 benchmarks/e2e.py --parts cases --only "$cases" --no-sklearn-large \
-          --out "$OUT/e2e-settle-after-$round.json"
-      done ;;
+      alternate settle 200 "10000x1280|KMeans(8)|LogisticRegression fit 1M x 50|NearestNeighbors|StandardScaler fit_transform 5000x20" ;;
     table)  # the README's table: every case, three ways, scikit-learn on all cores included
       step 590 "$OUT/e2e-table.txt" python3 benchmarks/e2e.py --parts cases --out "$OUT/e2e-table.json" ;;
     grid-njobs)  # the README's n_jobs rows: the grid with the default worker, 3 repeats
