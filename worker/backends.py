@@ -61,10 +61,11 @@ def checked_finite(finite):
 
     The wrappers run scikit-learn's own check (and word its error) before
     anything is sent; checking again here would read every array once more:
-    cuML's LogisticRegression sums a numpy X on the CPU in one thread, 26 ms
-    for 200 MB on the H100 machine. A client that says so of arrays it did not
-    check gets what the estimator makes of a NaN, for its own request only.
-    The setting is per thread, so other requests keep their checks.
+    cuML's check sums a numpy X on the CPU in one thread, 26 ms a call
+    in the worker's profile on the H100 machine. A client that says so of arrays it did not
+    check gets what the estimator makes of a NaN (only a key holder can say
+    it, and a key holder can run code here anyway). The setting is per
+    thread, so other requests keep their checks.
     """
     if not finite:
         return contextlib.nullcontext()
