@@ -52,6 +52,7 @@ from .protocol import (
     new_id,
     to_plain,
 )
+from .protocol import reply_slot
 from .protocol.arrays import is_sparse
 from .shm import Pool
 from .transport_choice import client_transport
@@ -62,6 +63,9 @@ HELLO_TIMEOUT = 10.0
 POLL_SECONDS = 0.5  # a waiting call wakes up at least this often, and pings the worker this often
 ARRAY_CACHE_MODES = ("auto", "on", "off")
 ALIGN = 64  # reply arrays start on this boundary inside the output block
+SPIN_SECONDS = 0.01  # a call watches its reply slot this long, then sleeps on the socket
+SPIN_MIN_CPUS = 4  # "auto" spins only on hosts with at least this many cores (the worker's threads need some)
+REPLY_WAITS = ("auto", "spin", "sleep")
 
 
 PRECISIONS = ("float32", "native")
@@ -122,6 +126,15 @@ class _Link:
         self.events = self.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED)
         self.socket.connect(info.address)  # after the monitor: no event is missed
         self.pinger = None
+        self.copies = 0  # ZeroMQ copies of replies already read from the pool, not yet dropped
+
+    def drop_copies(self):
+        """Drop, unread, the ZeroMQ copies of replies taken from the pool that have come (between two
+        requests of this thread nothing else can be waiting: a late reply of a request given up on is dropped
+        with them, as :meth:`Connection._await` would)."""
+        while self.copies and self.socket.poll(0):
+            self.socket.recv_multipart(copy=False)
+            self.copies -= 1
 
     def disconnected(self):
         """Whether, since the last look, the connection dropped or a reconnect found nobody listening.
@@ -291,8 +304,12 @@ class Connection:
             self.pool = None
         return capabilities
 
-    def _roundtrip(self, header, buffers=(), timeout=None, digests=None):
-        """Send one signed request and wait for its reply (or an error); ``digests``: see Session.pack."""
+    def _roundtrip(self, header, buffers=(), timeout=None, digests=None, slot=None):
+        """Send one signed request and wait for its reply (or an error); ``digests``: see Session.pack.
+
+        ``slot``: (block, seconds): the pool block the request names as its ``reply_slot``, watched for that
+        long before the socket (see :meth:`_watch`).
+        """
         header["id"] = new_id()
         header["client"] = self.client_id
         releases = self._drain_releases()
@@ -300,15 +317,47 @@ class Connection:
             header["release"] = releases
         link = self._link()
         link.disconnected()  # forget drops that happened before this request
+        link.drop_copies()
         sent = time.monotonic()  # before the send: a send can return after the worker has the message
         link.socket.send_multipart(self.session.pack(header, buffers, digests), copy=False)
-        reply, reply_buffers = self._await(link, header["id"], timeout, header["op"])
+        reply = self._watch(*slot, header["reply_slot"]["token"], header["id"]) if slot is not None else None
+        if reply is not None:
+            link.copies += 1  # its ZeroMQ copy is on its way: dropped unread before the next request
+            reply, reply_buffers = reply
+        else:
+            reply, reply_buffers = self._await(link, header["id"], timeout, header["op"])
         self._local.timing = (sent, time.monotonic(), reply.get("worker_span"))
         if reply["op"] == "error":
             raise rebuild(reply)
         for module, category, message in reply.get("warnings", ()):
             warnings.warn(message, warning_class(module, category), stacklevel=4)
         return reply, reply_buffers
+
+    def _watch(self, block, seconds, token, msg_id):
+        """The reply from the request's reply slot, spinning on its first word for at most ``seconds``;
+        None to wait on the socket instead (time up, it did not fit, it does not verify).
+
+        Spinning keeps this thread's core awake, as CUDA does while it waits for a kernel, so the reply is
+        read within microseconds of its writing; ``os.sched_yield`` between looks gives the core to any
+        thread that has work (the worker's, on a busy host).
+        """
+        memory = block.buffer()
+        state = reply_slot.state_word(memory)
+        deadline = time.monotonic() + seconds
+        while state[0] != token:
+            if state[0] == -token or time.monotonic() > deadline:
+                return None
+            os.sched_yield()
+        frames = reply_slot.read(memory)
+        try:
+            reply = self.session.unpack(frames) if frames is not None else None
+        except ProtocolError as exc:
+            log.debug("a reply in the pool did not verify (its ZeroMQ copy is used): %s", exc)
+            reply = None
+        if reply is None or reply[0].get("parent") != msg_id:
+            return None
+        self._count("replies_", {"from_pool": 1})
+        return reply
 
     def _await(self, link, msg_id, timeout, op):
         """The reply to ``msg_id``; WorkerLost as soon as the worker is known to be gone.
@@ -411,8 +460,16 @@ class Connection:
                 blocks.append(block)
                 return block.segment, block.offset, block.buffer()
 
-        out = None
+        out = slot = None
         try:
+            spin = self.spin_seconds()
+            if spin:
+                block = self.pool.allocate(1)  # one slot of the pool (1 MiB): a reply's header, inline arrays
+                blocks.append(block)
+                reply_slot.state_word(block.buffer())[0] = 0  # a block used before may hold an old state
+                header["reply_slot"] = {"segment": block.segment, "offset": block.offset, "nbytes": block.nbytes,
+                                        "token": reply_slot.new_token()}
+                slot = (block, spin)
             encoder = Encoder(place, cache=self.cache, reuse=reuse, max_frame=self.capabilities.max_frame_bytes)
             if payload is not None:
                 header["payload"] = encoder.encode(payload)
@@ -423,7 +480,7 @@ class Connection:
                 out = self.pool.allocate(out_nbytes)
                 header["out"] = {"segment": out.segment, "offset": out.offset, "nbytes": out.nbytes}
             self._count("sent_", encoder.counts)
-            reply, buffers = self._roundtrip(header, encoder.buffers, digests=encoder.digests)
+            reply, buffers = self._roundtrip(header, encoder.buffers, digests=encoder.digests, slot=slot)
         except WorkerLost:
             raise  # the lost worker may still write: its blocks are never reused
         except BaseException as exc:
@@ -453,6 +510,22 @@ class Connection:
                 self.stats[prefix + where] += n
 
     # ------------------------------------------------------------ what is sent
+
+    def spin_seconds(self):
+        """How long a call watches its reply slot before it sleeps on the socket (the ``reply_wait`` setting).
+
+        ``auto`` watches where a thread woken from sleep costs most and spinning costs least: a worker that
+        computes on a GPU (its threads wait on the device, not on the cores), on a host of at least
+        ``SPIN_MIN_CPUS`` cores; ``spin`` everywhere a memfd pool is shared; ``sleep`` never.
+        """
+        wait = get_setting("reply_wait")
+        if wait not in REPLY_WAITS:
+            raise ConfigurationError(f"reply_wait={wait!r}: choose one of {REPLY_WAITS}")
+        if wait == "sleep" or self.pool is None or self.pool.kind != "memfd":
+            return 0.0
+        if wait == "auto" and (self.capabilities.backend != "cuml" or len(os.sched_getaffinity(0)) < SPIN_MIN_CPUS):
+            return 0.0
+        return SPIN_SECONDS
 
     def _features(self, args):
         return features_as_sent(args, self.capabilities.float_dtype)

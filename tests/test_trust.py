@@ -417,6 +417,26 @@ def test_another_clients_pool_cannot_be_attached(connection, hostile):
     np.testing.assert_array_equal(connection.echo(victim_data)[0], victim_data)  # the victim's pool still works
 
 
+def test_another_clients_pool_is_not_written_with_a_reply(connection, hostile):
+    """A reply slot (protocol.reply_slot) naming the victim's pool and a block the victim uses: the worker
+    writes replies only into the pool the requesting client attached, so the victim's bytes stay as they were."""
+    pool = connection.pool
+    block = pool.allocate(1)
+    try:
+        pattern = np.frombuffer(os.urandom(block.nbytes), np.uint8)
+        block.buffer()[:] = pattern
+        slot = {"segment": block.segment, "offset": block.offset, "nbytes": block.nbytes, "token": 12345}
+        for op in ("echo", "fit"):
+            reply, _ = hostile.request(op, pool=pool.name, reply_slot=slot, estimator="StandardScaler",
+                                       method="fit", params={}, payload={"args": [], "kwargs": {}})
+            assert reply["op"] == "error" and "did not attach" in reply["message"], reply
+        np.testing.assert_array_equal(np.frombuffer(block.buffer(), np.uint8), pattern)
+    finally:
+        block.release()
+    X = np.random.default_rng(2).standard_normal((30, 3))
+    assert_same(GPUStandardScaler().fit_transform(X), StandardScaler().fit_transform(X))  # the victim still works
+
+
 _TRUNCATING_CLIENT = textwrap.dedent("""
     import json, os, sys
     import numpy as np

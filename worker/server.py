@@ -58,6 +58,7 @@ from sklearn_gpu_bridge.protocol import (
     new_id,
     to_plain,
 )
+from sklearn_gpu_bridge.protocol import reply_slot
 from sklearn_gpu_bridge.protocol.session import StaleMessage
 from sklearn_gpu_bridge.shm import default_directory
 
@@ -394,9 +395,33 @@ class Worker:
         except Exception as exc:  # noqa: BLE001 - a bug here must still answer, or the client waits forever
             log.exception("a request failed outside its operation")
             frames = self._error_reply(header, exc)
+        try:
+            self._publish(header, frames)
         finally:
             self.clients.answered(state)
         self._reply(identity, frames)
+
+    def _publish(self, header, frames):
+        """Write the reply into the block of its client's memfd pool that the request names (``reply_slot``),
+        where that client may be watching for it (see protocol.reply_slot); ZeroMQ carries it as well.
+
+        The range is validated as any pool range; a slot this worker cannot use is passed over (the reply
+        still goes through ZeroMQ): a client that names a bad one only waits longer for its own reply.
+        """
+        slot = header.get("reply_slot")
+        if not isinstance(slot, dict) or header.get("pool") is None:
+            return
+        token = slot.get("token")
+        if type(token) is not int or not 0 < token < 1 << 62:
+            return
+        try:
+            attachment = self.clients.attachment(header["client"], header["pool"])
+            if attachment is None or attachment.kind != "memfd":
+                return
+            target = attachment.output(slot.get("segment"), slot.get("offset"), slot.get("nbytes"))
+            reply_slot.write(target.memory, token, frames)
+        except ProtocolError as exc:  # PoolError included; the client was freed meanwhile
+            log.debug("a reply slot was passed over: %s", exc)
 
     def _handle(self, header, buffers, received=None):
         """Run one operation; always returns reply frames, never raises."""

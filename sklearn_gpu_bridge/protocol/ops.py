@@ -28,7 +28,8 @@ PROTOCOL_VERSION = 2
 #: fields of a work request that carry arrays (see protocol.arrays)
 _ARRAYS = ("payload: {'args': [...], 'kwargs': {...}} with array markers; arrays: their descriptors; "
            "pool: the client's pool name when arrays lie in it; out: {segment, offset, nbytes}, a pool block "
-           "for the reply's arrays")
+           "for the reply's arrays; reply_slot: {segment, offset, nbytes, token}, a block of the client's memfd pool "
+           "where the worker also writes the signed reply (protocol.reply_slot)")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,76 @@
+"""A reply written into the client's own pool, where a client on the same host watches for it.
+
+Through ZeroMQ a reply wakes three sleeping threads on its way: the
+worker's I/O thread, the client's, and then the client's own thread. On a
+VM each wake of an idle vCPU goes through the host: 0.3 ms or more a call on
+the H100 machine (``benchmarks/wakeups.py``). So a request may name a block
+of its memfd pool (``reply_slot``: segment, offset, nbytes, token); the
+worker writes the signed reply's frames there before it sends them through
+ZeroMQ as always, and a client that spins on the block's first word has the
+reply without any thread being woken. The ZeroMQ copy still counts whenever
+the one in memory cannot be used (the client stopped spinning, the reply did
+not fit, a read that does not verify); the client drops it unread otherwise.
+
+Layout, int64 words then bytes: ``[state, n, len_0 .. len_n-1, frame_0 ...]``.
+``state`` is written last: the request's ``token`` once the frames are
+complete, ``-token`` when they do not fit (stop spinning: ZeroMQ has them).
+The frames are the signed message itself, checked as any reply is: a read
+that raced the writes (stores seen out of order) fails the signature and the
+ZeroMQ copy is used.
+"""
+
+import secrets
+
+import numpy as np
+
+WORD = 8
+MAX_FRAMES = 1024  # a reply's frames: the signature, the header, and its arrays' frames
+
+
+def new_token():
+    """A request's token: positive, so that ``-token`` (did not fit) differs from every token and from 0."""
+    return 1 + secrets.randbelow((1 << 62) - 1)
+
+
+def state_word(memory):
+    """The first word of a slot, as a one-element int64 array that reads the shared memory itself."""
+    return np.frombuffer(memory, np.int64, count=1)
+
+
+def write(memory, token, frames):
+    """Write ``frames`` into ``memory`` and then ``token``; True if they fit (else ``-token`` only)."""
+    views = [memoryview(frame).cast("B") for frame in frames]
+    start = WORD * (2 + len(views))
+    if len(memory) < WORD:
+        return False
+    if start + sum(v.nbytes for v in views) > len(memory):
+        state_word(memory)[0] = -token
+        return False
+    words = np.frombuffer(memory, np.int64, count=2 + len(views))
+    words[1] = len(views)
+    words[2:] = [v.nbytes for v in views]
+    position = start
+    for view in views:
+        memory[position : position + view.nbytes] = view
+        position += view.nbytes
+    words[0] = token
+    return True
+
+
+def read(memory):
+    """The frames a complete slot holds, copied out (the block is reused): None if its lengths do not add up."""
+    if len(memory) < 2 * WORD:
+        return None
+    count = int(np.frombuffer(memory, np.int64, count=2)[1])
+    start = WORD * (2 + count)
+    if not 2 <= count <= MAX_FRAMES or start > len(memory):
+        return None
+    sizes = np.frombuffer(memory, np.int64, count=count, offset=2 * WORD)
+    if (sizes < 0).any() or (sizes > len(memory)).any() or start + int(sizes.sum()) > len(memory):
+        return None
+    frames, position = [], start
+    for index, size in enumerate(sizes.tolist()):
+        piece = memory[position : position + size]
+        frames.append(bytes(piece) if index < 2 else bytearray(piece))  # arrays' frames: writable, as ZeroMQ's
+        position += size
+    return frames

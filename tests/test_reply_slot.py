@@ -1,0 +1,185 @@
+"""Replies read from the client's own pool (protocol.reply_slot), against a real worker.
+
+A call on a worker of this host may name a block of its memfd pool where the
+worker writes the signed reply before sending it through ZeroMQ; the client
+spins on the block instead of sleeping on the socket (the ``reply_wait``
+setting). These tests force ``spin`` (``auto`` spins only beside a cuML worker
+on 4 cores or more) and check that the answers are the same, that the ZeroMQ
+copies never mix with later replies, and that whatever cannot be used (a
+reply too long, a slot that does not verify, one a request names badly) falls
+back to ZeroMQ with nothing lost. Attacks by another key holder are in
+tests/test_trust.py.
+"""
+
+import threading
+
+import numpy as np
+import pytest
+from sklearn.linear_model import LogisticRegression
+from sklearn.preprocessing import StandardScaler
+
+import sklearn_gpu_bridge
+from sklearn_gpu_bridge import GPULogisticRegression, GPUStandardScaler, client
+from sklearn_gpu_bridge.errors import ConfigurationError
+from sklearn_gpu_bridge.protocol import Session, new_id, reply_slot
+
+from .conftest import assert_same
+
+
+def _frames(*sizes):
+    return [bytes([i % 251]) * size for i, size in enumerate(sizes)]
+
+
+@pytest.mark.parametrize("sizes", [(64, 200), (64, 200, 0), (64, 10_000, 1, 7, 100_000)])
+def test_a_slot_gives_back_the_frames_written_into_it(sizes):
+    memory = memoryview(bytearray(1 << 20))
+    frames = _frames(*sizes)
+    assert reply_slot.write(memory, 12345, frames)
+    assert reply_slot.state_word(memory)[0] == 12345
+    assert [bytes(f) for f in reply_slot.read(memory)] == frames
+
+
+def test_a_reply_longer_than_its_slot_is_marked_so_and_not_written():
+    memory = memoryview(bytearray(4096))
+    assert not reply_slot.write(memory, 99, _frames(64, 5000))
+    assert reply_slot.state_word(memory)[0] == -99
+    assert bytes(memory[8:]) == bytes(4096 - 8)
+
+
+@pytest.mark.parametrize("words", [
+    [1, 1, 8],  # one frame: a message has at least two
+    [1, 5000, 8, 8],  # more frames than the slot could describe
+    [1, 2, -8, 8],  # a negative length
+    [1, 2, 8, 1 << 40],  # a length past the slot
+    [1, 2, 4000, 4000],  # lengths that add up past the slot
+])
+def test_lengths_that_do_not_add_up_are_refused_not_read(words):
+    memory = memoryview(bytearray(4096))
+    np.frombuffer(memory, np.int64, count=len(words))[:] = words
+    assert reply_slot.read(memory) is None
+
+
+def test_tokens_are_positive_and_fresh():
+    tokens = {reply_slot.new_token() for _ in range(1000)}
+    assert len(tokens) == 1000 and min(tokens) > 0 and max(tokens) < 1 << 62
+
+
+# ---------------------------------------------------------------- against the worker
+
+
+@pytest.fixture
+def spin_long(monkeypatch):
+    """Spin for a minute before the socket: every reply that fits is read from the pool, however slow the host."""
+    monkeypatch.setattr(client, "SPIN_SECONDS", 60.0)
+
+
+def test_calls_that_spin_get_their_replies_from_the_pool_and_the_same_answers(connection, spin_long):
+    X = np.random.default_rng(0).standard_normal((300, 6)) * 2 + 1
+    y = (X[:, 0] + X[:, 1] > 2).astype(int)
+    before = connection.stats.get("replies_from_pool", 0)
+    with sklearn_gpu_bridge.config_context(reply_wait="spin"):
+        for _ in range(5):  # the ZeroMQ copy of each reply must never be taken for the next one's
+            scaled = GPUStandardScaler().fit_transform(X)
+            model = GPULogisticRegression().fit(X, y)
+            predicted, proba = model.predict(X), model.predict_proba(X)
+    assert connection.stats["replies_from_pool"] - before == 5 * 4
+    assert_same(scaled, StandardScaler().fit_transform(X))
+    direct = LogisticRegression().fit(X, y)
+    np.testing.assert_array_equal(predicted, direct.predict(X))
+    assert_same(proba, direct.predict_proba(X))
+
+
+def test_threads_that_spin_each_get_their_own_replies(connection, spin_long):
+    rng = np.random.default_rng(1)
+    data = [rng.standard_normal((200 + 10 * i, 4)) * (i + 1) for i in range(4)]
+    results, errors = {}, []
+
+    def run(i):
+        try:
+            with sklearn_gpu_bridge.config_context(reply_wait="spin"):
+                results[i] = [connection.echo(data[i] + k)[0] for k in range(20)]
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not errors, errors
+    for i in range(4):
+        for k, echoed in enumerate(results[i]):
+            np.testing.assert_array_equal(echoed, data[i] + k)
+
+
+def test_a_reply_that_comes_after_the_spin_comes_through_zeromq(connection, monkeypatch):
+    """The client stopped watching before the worker wrote the slot: ZeroMQ's copy answers, and the late write
+    into the slot (a block this request still holds) disturbs no later call."""
+    monkeypatch.setattr(client, "SPIN_SECONDS", 1e-6)
+    X = np.random.default_rng(2).standard_normal((100, 3))
+    before = connection.stats.get("replies_from_pool", 0)
+    with sklearn_gpu_bridge.config_context(reply_wait="spin"):
+        results = [GPUStandardScaler().fit_transform(X + k) for k in range(10)]
+    for k, result in enumerate(results):
+        assert_same(result, StandardScaler().fit_transform(X + k))
+    assert connection.stats.get("replies_from_pool", 0) - before < 10
+
+
+def test_sleep_never_spins(connection):
+    before = connection.stats.get("replies_from_pool", 0)
+    with sklearn_gpu_bridge.config_context(reply_wait="sleep"):
+        connection.echo(np.arange(10.0))
+    assert connection.stats.get("replies_from_pool", 0) == before
+
+
+def test_a_reply_too_long_for_its_slot_comes_through_zeromq(connection, spin_long):
+    big = np.arange(300_000.0)  # 2.4 MB back as a frame (no output block): more than the 1 MiB slot
+    before = connection.stats.get("replies_from_pool", 0)
+    with sklearn_gpu_bridge.config_context(reply_wait="spin"):
+        np.testing.assert_array_equal(connection.echo(big, out_nbytes=0)[0], big)
+        np.testing.assert_array_equal(connection.echo(big[:10])[0], big[:10])  # the next one is not confused
+    assert connection.stats["replies_from_pool"] == before + 1
+
+
+def test_a_slot_that_does_not_verify_is_not_believed(connection):
+    """A reply in the slot signed with another key (or changed after signing) is passed over for ZeroMQ's."""
+    block = connection.pool.allocate(1)
+    try:
+        token, msg_id = reply_slot.new_token(), new_id()
+        forged = Session(b"k" * 32).pack({"op": "reply", "id": new_id(), "parent": msg_id, "result": "forged"})
+        assert reply_slot.write(block.buffer(), token, forged)
+        assert connection._watch(block, 0.01, token, msg_id) is None
+        genuine = Session(connection.info.key_bytes).pack({"op": "reply", "id": new_id(), "parent": msg_id})
+        reply_slot.write(block.buffer(), token, genuine)
+        assert connection._watch(block, 0.01, token, msg_id)[0]["parent"] == msg_id
+        assert connection._watch(block, 0.01, token, new_id()) is None  # another request's reply
+        genuine[1] = genuine[1].replace(b"reply", b"rEply")
+        reply_slot.write(block.buffer(), token, genuine)
+        assert connection._watch(block, 0.01, token, msg_id) is None
+    finally:
+        block.release()
+
+
+@pytest.mark.parametrize("slot", [
+    {"segment": 0, "offset": -8, "nbytes": 1 << 20},
+    {"segment": 0, "offset": 0, "nbytes": 1 << 40},
+    {"segment": 987654, "offset": 0, "nbytes": 4096},
+    {"segment": "0", "offset": 0, "nbytes": 4096},
+    {"segment": 0, "offset": 0, "nbytes": 4096, "token": 0},
+    {"segment": 0, "offset": 0, "nbytes": 4096, "token": True},
+    {"segment": 0, "offset": 0, "nbytes": 4096, "token": 1 << 70},
+    "not a dict",
+])
+def test_a_bad_reply_slot_is_passed_over_and_answered_through_zeromq(connection, slot):
+    if isinstance(slot, dict):
+        slot = {"token": 7, **slot}
+    reply, _ = connection._roundtrip({"op": "echo", "pool": connection.pool.name, "reply_slot": slot,
+                                      "payload": {"args": [], "kwargs": {}}})
+    assert reply["op"] == "reply"
+    assert connection.status()["pid"] == connection.info.pid
+
+
+def test_an_unknown_reply_wait_is_refused_before_anything_is_sent(connection):
+    with sklearn_gpu_bridge.config_context(reply_wait="busy"):
+        with pytest.raises(ConfigurationError, match="reply_wait='busy'"):
+            GPUStandardScaler().fit(np.ones((4, 2)))
