@@ -214,7 +214,18 @@ def cuml_class(path):
     return getattr(importlib.import_module(module), name)
 
 
-def run_cases(cases, repeats, use_cuml, skip_large_sklearn):
+def parse_variants(text):
+    """``--bridge-variants``: "LABEL:SETTING=VALUE[,SETTING=VALUE];..." -> {"bridge LABEL": {setting: value}}."""
+    variants = {}
+    for item in filter(None, (text or "").split(";")):
+        label, _, pairs = item.partition(":")
+        variants[f"bridge {label}"] = dict(pair.split("=", 1) for pair in pairs.split(",") if pair)
+    return variants
+
+
+def run_cases(cases, repeats, use_cuml, skip_large_sklearn, variants=None):
+    """Each case its ways; ``variants`` ({way: settings}, small cases): the bridge again under other client
+    settings (``reply_wait=sleep`` ...), in turn with the others."""
     rows = []
     for case in cases:
         X, y = make_data(case)
@@ -233,7 +244,13 @@ def run_cases(cases, repeats, use_cuml, skip_large_sklearn):
             for way, make in ways.items():
                 row[way] = timed(lambda m=make: case.run(m(), X, y), repeats)
         else:
-            row.update(timed_together({way: lambda m=make: case.run(m(), X, y) for way, make in ways.items()}, repeats))
+            runs = {way: lambda m=make: case.run(m(), X, y) for way, make in ways.items()}
+            for way, settings in (variants or {}).items() if wrapper is not None else ():
+                runs[way] = lambda w=wrapper, c=case, s=settings: _with_settings(s, lambda: c.run(w(**c.params), X, y))
+            row.update(timed_together(runs, repeats))
+            for way in variants or ():
+                if way in row and "cuml" in row:
+                    row[f"{way} minus cuml_ms"] = (row[way]["median"] - row["cuml"]["median"]) * 1e3
         if "bridge" in row and "cuml" in row:
             row["bridge_over_cuml"] = row["bridge"]["median"] / row["cuml"]["median"]
             row["bridge_minus_cuml_ms"] = (row["bridge"]["median"] - row["cuml"]["median"]) * 1e3
@@ -244,12 +261,23 @@ def run_cases(cases, repeats, use_cuml, skip_large_sklearn):
     return rows
 
 
+def _with_settings(settings, run):
+    with sklearn_gpu_bridge.config_context(**settings):
+        return run()
+
+
 def _line(row):
     cells = [f"{row['case']:<52}"]
     for way in ("sklearn", "cuml", "bridge"):
         cells.append(f"{row[way]['median']:9.4f}" if way in row else f"{'-':>9}")
     ratio = row.get("bridge_over_cuml")
     cells.append(f"{ratio:6.2f}x" if ratio else f"{'':>7}")
+    if "bridge_minus_cuml_ms" in row:
+        cells.append(f"bridge {row['bridge_minus_cuml_ms']:+.2f} ms over cuML")
+    for way, value in row.items():
+        if way.startswith("bridge ") and isinstance(value, dict) and "median" in value:
+            over = row.get(f"{way} minus cuml_ms")
+            cells.append(f"| {way} {value['median']:.4f}" + (f" ({over:+.2f} ms over cuML)" if over is not None else ""))
     return "  ".join(cells)
 
 
@@ -445,6 +473,9 @@ def main():
     parser.add_argument("--no-sklearn-large", action="store_true",
                         help="leave scikit-learn out of the large cases and the grid (they take minutes)")
     parser.add_argument("--grid-ways", default=None, help="only these ways of the grid (a|b), e.g. 'bridge|cuml'")
+    parser.add_argument("--bridge-variants", default=None,
+                        help="small cases: the bridge again under other settings, in turn with the others: "
+                             "LABEL:SETTING=VALUE[,...][;...], e.g. 'sleep:reply_wait=sleep'")
     parser.add_argument("--cycles", type=int, default=1000)
     parser.add_argument("--threads", type=int, default=None, help="the worker's threads (default: its default)")
     parser.add_argument("--out", default=None)
@@ -476,7 +507,8 @@ def main():
         if "cases" in parts:
             print(f"{'case':<52}  {'sklearn':>9}  {'cuML':>9}  {'bridge':>9}  bridge/cuML  (median s)")
             report["cases"] = run_cases(cases, args.repeats, use_cuml,
-                                        skip_large_sklearn=args.quick or args.no_sklearn_large)
+                                        skip_large_sklearn=args.quick or args.no_sklearn_large,
+                                        variants=parse_variants(args.bridge_variants))
         if "grid" in parts:
             ways = args.grid_ways.split("|") if args.grid_ways else None
             report["grid_search"] = run_grid_search(args.repeats, use_cuml, n=2000 if args.quick else 20_000,

@@ -12,7 +12,9 @@ SITE=/tmp/gpu-site
 PIP=(python3 -m pip install -q --no-deps --no-build-isolation --no-index)
 if [ -d .gpu-wheels/extra ]; then
   "${PIP[@]}" --target "$SITE" .gpu-wheels/extra/*.whl
-  PYTHONPATH=$SITE python3 -c "import cuda.core" 2>/dev/null || "${PIP[@]}" --target "$SITE" .gpu-wheels/extra/cuda/*.whl
+  if [ -d .gpu-wheels/extra/cuda ]; then
+    PYTHONPATH=$SITE python3 -c "import cuda.core" 2>/dev/null || "${PIP[@]}" --target "$SITE" .gpu-wheels/extra/cuda/*.whl
+  fi
 fi
 "${PIP[@]}" --target "$SITE" .
 for tree in .gpu-wheels/before*.tar; do

@@ -165,6 +165,27 @@ for stage in "$@"; do
       # held until then): the cuML tests of the pool and of bad input, then cases before (BEFORE_SITE) and after
       step 200 "$OUT/pytest-cuml-settle.txt" "${PYTEST[@]}" -q -rfEs --tb=short tests/test_pool.py tests/test_bad_input.py
       alternate settle 200 "10000x1280|KMeans(8)|LogisticRegression fit 1M x 50|NearestNeighbors|StandardScaler fit_transform 5000x20" ;;
+    slot)  # issue 15, 2026-11-25: replies read from the client's pool (reply_wait auto = spin here) against the
+      # same build sleeping on the socket (reply_wait=sleep, the path before), in turn within each case; the
+      # legs; the cuML tests of the reply slot and of the transport
+      small="StandardScaler fit_transform 5000x20|SVC(rbf) fit+predict 500x20|LogisticRegression fit+predict 5000x20"
+      step 200 "$OUT/pytest-cuml-slot.txt" "${PYTEST[@]}" -q -rfEs --tb=short tests/test_reply_slot.py \
+        tests/test_transport.py tests/test_trust.py -k "reply or transport or measure"
+      for round in $(seq "${ROUNDS:-1}"); do
+        step 300 "$OUT/slot-small.txt" python3 benchmarks/e2e.py --parts cases --only "$small" \
+          --bridge-variants "sleep:reply_wait=sleep" --out "$OUT/e2e-slot-small-$round.json"
+      done
+      step 150 "$OUT/slot-legs.txt" python3 benchmarks/e2e.py --parts profile --only "$small" --out /tmp/legs.json
+      step 150 "$OUT/slot-legs.txt" env SKLEARN_GPU_BRIDGE_REPLY_WAIT=sleep python3 benchmarks/e2e.py --parts profile \
+        --only "$small" --out /tmp/legs.json ;;
+    slot-grid)  # the same change: the n_jobs grid with replies read from the pool (auto) and without (sleep),
+      # alternated: a call spins for up to 10 ms, which must not cost the searches that run many at once
+      for round in $(seq "${ROUNDS:-2}"); do
+        for wait in auto sleep; do
+          step 200 "$OUT/slot-grid.txt" env SKLEARN_GPU_BRIDGE_REPLY_WAIT=$wait python3 benchmarks/e2e.py --parts grid \
+            --repeats 2 --grid-ways "bridge|bridge n_jobs=4|bridge n_jobs=-1" --out "$OUT/e2e-slot-grid-$wait-$round.json"
+        done
+      done ;;
     table)  # the README's table: every case, three ways, scikit-learn on all cores included
       step 590 "$OUT/e2e-table.txt" python3 benchmarks/e2e.py --parts cases --out "$OUT/e2e-table.json" ;;
     grid-njobs)  # the README's n_jobs rows: the grid with the default worker, 3 repeats
