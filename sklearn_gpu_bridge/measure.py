@@ -95,5 +95,6 @@ def _measure_one(conn, rng, quick):
         if times[-1] > 2.0:
             break
     delta = {k: v - before.get(k, 0) for k, v in conn.stats.items() if v - before.get(k, 0)}
-    out["path"] = "+".join(sorted({k.split("_", 1)[1] for k in delta})) or "none"
+    paths = {k.split("_", 1)[1] for k in delta if k.startswith(("sent_", "received_"))}  # not replies_from_pool
+    out["path"] = "+".join(sorted(paths)) or "none"
     return out
