@@ -215,6 +215,7 @@ class Connection:
         self._keepalive = None
         self._stop_keepalive = threading.Event()
         self.pool = Pool(pool_directory) if pool != "off" else None
+        self._cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         try:
             self.capabilities = self._hello()
         except BaseException:
@@ -523,7 +524,7 @@ class Connection:
             raise ConfigurationError(f"reply_wait={wait!r}: choose one of {REPLY_WAITS}")
         if wait == "sleep" or self.pool is None or self.pool.kind != "memfd":
             return 0.0
-        if wait == "auto" and (self.capabilities.backend != "cuml" or len(os.sched_getaffinity(0)) < SPIN_MIN_CPUS):
+        if wait == "auto" and (self.capabilities.backend != "cuml" or self._cpus < SPIN_MIN_CPUS):
             return 0.0
         return SPIN_SECONDS
 

@@ -132,6 +132,16 @@ def test_sleep_never_spins(connection):
     assert connection.stats.get("replies_from_pool", 0) == before
 
 
+def test_auto_spins_only_beside_a_cuml_worker_on_enough_cores(connection, monkeypatch):
+    """Spinning saves the wake-up of a sleeping thread on a many-core GPU host; beside a CPU backend, or on a
+    host of few cores, the spinning thread would take the core the worker needs."""
+    with sklearn_gpu_bridge.config_context(reply_wait="auto"):
+        expected = connection.capabilities.backend == "cuml" and connection._cpus >= client.SPIN_MIN_CPUS
+        assert bool(connection.spin_seconds()) == expected
+        monkeypatch.setattr(connection, "_cpus", 2)
+        assert connection.spin_seconds() == 0.0
+
+
 def test_a_reply_too_long_for_its_slot_comes_through_zeromq(connection, spin_long):
     big = np.arange(300_000.0)  # 2.4 MB back as a frame (no output block): more than the 1 MiB slot
     before = connection.stats.get("replies_from_pool", 0)
