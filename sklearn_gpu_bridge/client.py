@@ -387,7 +387,9 @@ class Connection:
                 reply = self._receive(link.socket)
                 if reply is not None and reply[0].get("parent") == msg_id:
                     return reply
-                # otherwise the late reply of a request given up on: read on
+                # otherwise the late reply of a request given up on, or the ZeroMQ copy of one read from the
+                # pool that came after this request was sent: read on
+                link.copies = max(0, link.copies - 1)
             if link.events in events and link.disconnected():
                 raise self._lost(f"the connection to the worker at {self.info.address} closed during a {op!r} "
                                  "request (the worker stopped or was killed)")

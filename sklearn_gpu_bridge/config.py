@@ -66,8 +66,8 @@ DEFAULTS = {
     # one GPU per worker; a bridge worker everywhere else) | "worker" | "in_process"; read at first use
     "execution": "auto",
     # how a call waits for its reply from a worker on this host (memfd pool): "spin" watches the pool for the
-    # reply for up to 10 ms before sleeping on the socket (no thread has to be woken: 0.3 ms less a call on the
-    # H100 VM), "sleep" sleeps at once, "auto" spins where the worker computes on a GPU and the host has 4 cores
+    # reply for up to 10 ms before sleeping on the socket (no thread has to be woken: 0.37 ms less a small case
+    # on the H200 machine, on average), "sleep" sleeps at once, "auto" spins beside a cuML worker on 4+ cores
     "reply_wait": "auto",
     # this client's CurveZMQ secret key file for a worker beyond loopback whose --curve-allow lists
     # its public key; None: the key derived from the signing key

@@ -412,7 +412,7 @@ class Worker:
         if not isinstance(slot, dict) or header.get("pool") is None:
             return
         token = slot.get("token")
-        if type(token) is not int or not 0 < token < 1 << 62:
+        if not reply_slot.is_token(token):
             return
         try:
             attachment = self.clients.attachment(header["client"], header["pool"])

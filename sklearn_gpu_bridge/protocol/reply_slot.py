@@ -2,8 +2,9 @@
 
 Through ZeroMQ a reply wakes three sleeping threads on its way: the
 worker's I/O thread, the client's, and then the client's own thread. On a
-VM each wake of an idle vCPU goes through the host: 0.3 ms or more a call on
-the H100 machine (``benchmarks/wakeups.py``). So a request may name a block
+VM each wake of an idle vCPU goes through the host: on the H200 machine a
+3 ms call's hops cost 0.76 ms through ZeroMQ and 0.56 ms with the reply read
+from shared memory (``benchmarks/wakeups.py``, results/gpu-h200-1125). So a request may name a block
 of its memfd pool (``reply_slot``: segment, offset, nbytes, token); the
 worker writes the signed reply's frames there before it sends them through
 ZeroMQ as always, and a client that spins on the block's first word has the
@@ -25,11 +26,17 @@ import numpy as np
 
 WORD = 8
 MAX_FRAMES = 1024  # a reply's frames: the signature, the header, and its arrays' frames
+TOKEN_LIMIT = 1 << 62  # tokens lie in [1, TOKEN_LIMIT): they and their negatives fit an int64
 
 
 def new_token():
     """A request's token: positive, so that ``-token`` (did not fit) differs from every token and from 0."""
-    return 1 + secrets.randbelow((1 << 62) - 1)
+    return 1 + secrets.randbelow(TOKEN_LIMIT - 1)
+
+
+def is_token(value):
+    """Whether a request's ``token`` is one :func:`new_token` could have made (bools and floats are not)."""
+    return type(value) is int and 0 < value < TOKEN_LIMIT
 
 
 def state_word(memory):
