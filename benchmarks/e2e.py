@@ -316,8 +316,9 @@ def profile_cases(cases, use_cuml, repeats=10, top=14):
     connection = sklearn_gpu_bridge.get_connection()
 
     def medians(run, collect):
-        """Median ms of the whole call and of the legs of its last request (monotonic stamps, one host)."""
-        totals, legs = [], []
+        """Median ms of the whole call, of the legs of its last request (monotonic stamps, one host) and of
+        the steps of that request on the worker (``{step: ms since the step before}``, where it says them)."""
+        totals, legs, steps = [], [], {}
         for _ in range(repeats):
             if collect:
                 gc.collect()
@@ -329,7 +330,11 @@ def profile_cases(cases, use_cuml, repeats=10, top=14):
             if stamps and stamps[2]:
                 sent, received, (arrived, replied) = stamps
                 legs.append((sent - start, arrived - sent, replied - arrived, received - replied, end - received))
-        return np.median(totals) * 1e3, np.median(legs, axis=0) * 1e3
+                marks = [*(connection.last_worker_steps or ()), ("reply ready", replied)]
+                for (_, before), (step, at) in zip(marks, marks[1:]) if len(marks) > 2 else ():
+                    steps.setdefault(step, []).append(at - before)
+        return (np.median(totals) * 1e3, np.median(legs, axis=0) * 1e3,
+                {step: float(np.median(t)) * 1e3 for step, t in steps.items()})
 
     floor = []
     for _ in range(200):  # the floor: a signed round trip with nothing in it, through the worker's threads
@@ -345,10 +350,12 @@ def profile_cases(cases, use_cuml, repeats=10, top=14):
         bridged()  # warm
         line = f"\n== {case.name} (medians of {repeats}):"
         for collect in (True, False):
-            total, (before, to_worker, on_worker, back, after) = medians(bridged, collect)
+            total, (before, to_worker, on_worker, back, after), steps = medians(bridged, collect)
             line += (f"\n   {'after gc.collect()' if collect else 'back to back'}: bridge {total:.2f} ms; its last "
                      f"request: client before sending {before:.2f} ms, to the worker {to_worker:.2f} ms, on the "
                      f"worker {on_worker:.2f} ms, back {back:.2f} ms, client after {after:.2f} ms")
+            if steps:
+                line += "\n     on the worker, step by step: " + ", ".join(f"{s} {ms:.3f}" for s, ms in steps.items())
             if use_cuml:
                 in_process = lambda: case.run(cuml_class(case.cuml)(**case.params), X, y)  # noqa: E731
                 in_process()
@@ -484,6 +491,8 @@ def main():
     use_cuml = args.backend == "cuml"
 
     started = time.perf_counter()
+    if "profile" in parts:  # the worker says when each step of a request ended (worker/server.py)
+        os.environ["SKLEARN_GPU_BRIDGE_WORKER_STEPS"] = "1"
     worker = WorkerProcess(args.backend, threads=args.threads)
     sklearn_gpu_bridge.set_config(connection_file=str(worker.connection_file), start_local_worker=False)
     start = time.perf_counter()

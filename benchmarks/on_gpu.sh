@@ -186,6 +186,21 @@ for stage in "$@"; do
             --repeats 2 --grid-ways "bridge|bridge n_jobs=4|bridge n_jobs=-1" --out "$OUT/e2e-slot-grid-$wait-$round.json"
         done
       done ;;
+    steps)  # issue 15, 2026-11-25 (second session): where the worker's share goes, step by step (worker_steps),
+      # a cProfile of the worker's requests, cuML's own ways (worker_share.py); PCA 1M and RandomForest 200k again
+      small="StandardScaler fit_transform 5000x20|SVC(rbf) fit+predict 500x20|LogisticRegression fit+predict 5000x20"
+      step 150 "$OUT/steps-small.txt" python3 benchmarks/e2e.py --parts profile --only "$small" --out /tmp/legs.json
+      step 120 "$OUT/steps-small.txt" env SKLEARN_GPU_BRIDGE_WORKER_PROFILE=/tmp/worker.prof python3 benchmarks/e2e.py \
+        --parts profile --only "StandardScaler fit_transform 5000x20" --out /tmp/legs.json
+      step 30 "$OUT/steps-small.txt" python3 -c "import pstats; s = pstats.Stats('/tmp/worker.prof'); \
+        s.sort_stats('cumtime').print_stats(45); s.sort_stats('tottime').print_stats(30)"
+      step 150 "$OUT/steps-small.txt" python3 benchmarks/worker_share.py --out "$OUT/worker-share.json"
+      for round in 1 2; do
+        step 200 "$OUT/steps-large.txt" python3 benchmarks/e2e.py --parts cases --only "PCA(10)|RandomForest" \
+          --no-sklearn-large --out "$OUT/e2e-large-$round.json"
+      done
+      step 200 "$OUT/steps-large.txt" python3 benchmarks/e2e.py --parts profile --only "PCA(10)|RandomForest" \
+        --out /tmp/legs.json ;;
     table)  # the README's table: every case, three ways, scikit-learn on all cores included
       step 590 "$OUT/e2e-table.txt" python3 benchmarks/e2e.py --parts cases --out "$OUT/e2e-table.json" ;;
     grid-njobs)  # the README's n_jobs rows: the grid with the default worker, 3 repeats

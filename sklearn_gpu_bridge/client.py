@@ -327,7 +327,7 @@ class Connection:
             reply, reply_buffers = reply
         else:
             reply, reply_buffers = self._await(link, header["id"], timeout, header["op"])
-        self._local.timing = (sent, time.monotonic(), reply.get("worker_span"))
+        self._local.timing = (sent, time.monotonic(), reply.get("worker_span"), reply.get("worker_steps"))
         if reply["op"] == "error":
             raise rebuild(reply)
         for module, category, message in reply.get("warnings", ()):
@@ -609,7 +609,15 @@ class Connection:
     @property
     def last_stamps(self):
         """This thread's last request as CLOCK_MONOTONIC stamps: (sent, received, worker's [arrived, replied])."""
-        return getattr(self._local, "timing", None)
+        timing = getattr(self._local, "timing", None)
+        return timing[:3] if timing is not None else None
+
+    @property
+    def last_worker_steps(self):
+        """The worker's steps of this thread's last request, [(step, CLOCK_MONOTONIC seconds)], where the
+        worker runs with ``SKLEARN_GPU_BRIDGE_WORKER_STEPS`` set (else None)."""
+        timing = getattr(self._local, "timing", None)
+        return timing[3] if timing is not None else None
 
     @property
     def last_timing(self):
@@ -618,7 +626,7 @@ class Connection:
         From CLOCK_MONOTONIC stamps that the client and a worker on the same
         host share (profiles; across hosts only the middle one means anything).
         """
-        timing = getattr(self._local, "timing", None)
+        timing = self.last_stamps
         if timing is None or not timing[2]:
             return None
         sent, received, (arrived, replied) = timing

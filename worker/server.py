@@ -80,6 +80,8 @@ HANDSHAKE_SECONDS = 5  # a connection that has not authenticated by then is clos
 MAX_READ_IN_TURN = 64  # messages the loop reads before it looks at its clock (sweeps, the parent's life)
 #: a file name: the work of every request is profiled and the stats written there at exit (diagnosis)
 PROFILE_ENV = "SKLEARN_GPU_BRIDGE_WORKER_PROFILE"
+#: set: each reply carries ``worker_steps``, when each step of its request ended on the worker (diagnosis)
+STEPS_ENV = "SKLEARN_GPU_BRIDGE_WORKER_STEPS"
 
 
 def is_loopback(host):
@@ -169,6 +171,7 @@ class Worker:
         self.started = time.time()
         self._profile = [] if os.environ.get(PROFILE_ENV) else None
         self._profile_lock = threading.Lock()
+        self._steps = bool(os.environ.get(STEPS_ENV))
         self._local = threading.local()
         self._loop_thread = None  # the thread in serve_forever: the one that reads the socket
         self._router_lock = threading.RLock()  # whoever uses the ROUTER socket holds it (the loop, executors)
@@ -303,6 +306,7 @@ class Worker:
             self._log_dropped(ProtocolError(f"a message of more than {MAX_FRAMES} frames"))
             return
         identity, frames = frames[0], frames[1:]
+        stamps = [("arrived", arrived)]
         try:
             header, buffers = self.session.unpack(frames, check_buffers=False)  # digests: on the work thread
         except StaleMessage as exc:  # signed, but not for now: say why (clocks that differ are a setup error)
@@ -321,7 +325,9 @@ class Worker:
             self._reply(identity, self._error_reply(header, ProtocolError(f"a {op!r} request must name its client")))
         elif op in WORK_OPS:
             state = self.clients.seen(client, working=True)
-            if not self.queue.submit(client, (identity, header, buffers, state, arrived)):
+            if self._steps:
+                stamps.append(("unpacked", time.monotonic()))
+            if not self.queue.submit(client, (identity, header, buffers, state, stamps)):
                 self.clients.answered(state)
                 self.refused["queue_full"] += 1
                 error = ProtocolError(f"this client already has {self.queue.max_queued} requests waiting; "
@@ -377,19 +383,22 @@ class Worker:
             self._dropped_logged_at, self._dropped_unlogged = now, 0
 
     def _work(self, item):
-        identity, header, buffers, state, received = item
+        identity, header, buffers, state, stamps = item
+        self._local.stamps = stamps
+        self._stamp("taken")
         try:
             self.session.check_buffers(header, buffers)
         except ProtocolError as exc:  # a frame that is not what was signed: dropped, like a bad signature
             self.clients.answered(state)
             self._log_dropped(exc)
             return
+        self._stamp("checked")
         try:
             if self._profile is None:
-                frames = self._handle(header, buffers, received)
+                frames = self._handle(header, buffers, stamps)
             else:
                 profiler = cProfile.Profile()
-                frames = profiler.runcall(self._handle, header, buffers, received)
+                frames = profiler.runcall(self._handle, header, buffers, stamps)
                 with self._profile_lock:
                     self._profile.append(profiler)
         except Exception as exc:  # noqa: BLE001 - a bug here must still answer, or the client waits forever
@@ -400,6 +409,11 @@ class Worker:
         finally:
             self.clients.answered(state)
         self._reply(identity, frames)
+
+    def _stamp(self, step):
+        """Note when ``step`` of this thread's request ended (``STEPS_ENV`` set; else nothing)."""
+        if self._steps:
+            self._local.stamps.append((step, time.monotonic()))
 
     def _publish(self, header, frames):
         """Write the reply into the block of its client's memfd pool that the request names (``reply_slot``),
@@ -423,13 +437,18 @@ class Worker:
         except ProtocolError as exc:  # PoolError included; the client was freed meanwhile
             log.debug("a reply slot was passed over: %s", exc)
 
-    def _handle(self, header, buffers, received=None):
-        """Run one operation; always returns reply frames, never raises."""
+    def _handle(self, header, buffers, stamps=None):
+        """Run one operation; always returns reply frames, never raises.
+
+        ``stamps``: [(step, CLOCK_MONOTONIC seconds)], from the message's arrival on (see ``_stamp``).
+        """
+        stamps = self._local.stamps = stamps or [("arrived", time.monotonic())]
         self._local.kept = []  # keys of the arrays this request asked the worker to keep, and it kept
         self._local.pools, self._local.read_pinned = [], False  # see _pool_of
         try:
-            started = received or time.monotonic()
+            started = stamps[0][1]
             self._release(header)
+            self._stamp("released")
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 payload, reply_buffers = getattr(self, "_op_" + header["op"])(header, buffers)
@@ -437,6 +456,8 @@ class Worker:
             # host share): profiles tell the worker's share from the client's and the sockets'
             reply = {"op": "reply", "id": new_id(), "parent": header.get("id"), **payload,
                      "worker_span": [started, time.monotonic()]}
+            if self._steps:
+                reply["worker_steps"] = stamps
             if self._local.kept:
                 reply["cache_kept"] = self._local.kept
             if caught:
@@ -634,6 +655,7 @@ class Worker:
             raise TypeError(f"a result of type {exc} cannot be sent to the client") from None
         if output is not None:
             output.commit(output.used)
+        self._stamp("encoded")
         return {"payload": payload, "arrays": encoder.arrays}, encoder.buffers
 
     def _op_fit(self, header, buffers):
@@ -643,9 +665,11 @@ class Worker:
         if not isinstance(changed, list):
             raise ProtocolError("'changed' must be a list of parameter names")
         args, kwargs = self._args(header, buffers)
+        self._stamp("decoded")
         estimator, result, dropped = self.backend.fit(name, self._params(header, buffers), method, args, kwargs,
                                                       changed, header.get("params_from"),
                                                       finite=header.get("finite") is True)
+        self._stamp("ran")
         handle = self.handles.add(estimator, name, header["client"])
         return self._reply_result(header, result, estimator, handle=handle, dropped=dropped)
 
@@ -654,8 +678,10 @@ class Worker:
         method = header.get("method")
         self.backend.check_call(entry.name, method)  # refused before anything is decoded
         args, kwargs = self._args(header, buffers)
+        self._stamp("decoded")
         result = self.backend.call(entry.name, entry.estimator, method, args, kwargs,
                                    finite=header.get("finite") is True)
+        self._stamp("ran")
         return self._reply_result(header, result, entry.estimator)
 
     def _op_attribute(self, header, buffers):
