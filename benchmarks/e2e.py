@@ -4,7 +4,8 @@ Each case runs three ways on the same float32 data: scikit-learn in this
 process (all CPU cores where the class has ``n_jobs``), cuML in this process,
 and the ``GPU*`` wrapper through a cuML worker that this script starts. The
 median of ``--repeats`` timed runs after one warm-up is recorded (cases of
-milliseconds run until half a second has been timed). Also:
+milliseconds run until half a second has been timed), a case's ways in turn
+so that a machine whose speed drifts moves them alike. Also:
 GridSearchCV over a Pipeline (the workflow users run), start-up (worker start
 to ready, then the first call), 5-fold accuracies on scikit-learn's small
 datasets, and worker memory over many fit/predict/release cycles.
@@ -240,17 +241,16 @@ def run_cases(cases, repeats, use_cuml, skip_large_sklearn, variants=None):
             ways["bridge"] = lambda w=wrapper, c=case: w(**c.params)
         else:
             row["bridge_missing"] = f"{case.bridge} is not in this version"
-        if case.large:
-            for way, make in ways.items():
-                row[way] = timed(lambda m=make: case.run(m(), X, y), repeats)
-        else:
-            runs = {way: lambda m=make: case.run(m(), X, y) for way, make in ways.items()}
-            for way, settings in (variants or {}).items() if wrapper is not None else ():
-                runs[way] = lambda w=wrapper, c=case, s=settings: _with_settings(s, lambda: c.run(w(**c.params), X, y))
-            row.update(timed_together(runs, repeats))
-            for way in variants or ():
-                if way in row and "cuml" in row:
-                    row[f"{way} minus cuml_ms"] = (row[way]["median"] - row["cuml"]["median"]) * 1e3
+        # every case's ways in turn: a large case's cuML time alone moves by 10% from one run to the next on
+        # the H200 machine (PCA(10) 1M x 100: 0.82-0.99 s), and ways timed one after another took that drift
+        # as the bridge's (1.49x in one run, 1.04x in the next, before 2026-11-25)
+        runs = {way: lambda m=make: case.run(m(), X, y) for way, make in ways.items()}
+        for way, settings in (variants or {}).items() if wrapper is not None and not case.large else ():
+            runs[way] = lambda w=wrapper, c=case, s=settings: _with_settings(s, lambda: c.run(w(**c.params), X, y))
+        row.update(timed_together(runs, repeats))
+        for way in variants or ():
+            if way in row and "cuml" in row:
+                row[f"{way} minus cuml_ms"] = (row[way]["median"] - row["cuml"]["median"]) * 1e3
         if "bridge" in row and "cuml" in row:
             row["bridge_over_cuml"] = row["bridge"]["median"] / row["cuml"]["median"]
             row["bridge_minus_cuml_ms"] = (row["bridge"]["median"] - row["cuml"]["median"]) * 1e3

@@ -85,3 +85,27 @@ def test_a_request_larger_than_the_budget_still_runs_alone():
         recorder.let_go("big")
     finally:
         queue.close()
+
+
+def test_one_client_at_a_time_is_served_by_the_thread_that_was_busy_last():
+    """Requests one after another go to the thread that ran the last one (its core and caches are warm),
+    not round the idle threads in turn, as a Condition's notify (the longest waiter first) would send them.
+    With two at once, two threads run them."""
+    ran_on, done = [], threading.Semaphore(0)
+
+    def record(item):
+        ran_on.append(threading.current_thread().name)
+        done.release()
+
+    queue = FairQueue(record, threads=4)
+    try:
+        for i in range(8):
+            deadline = time.monotonic() + 10
+            while len(queue._idle) < 4 and time.monotonic() < deadline:  # every thread waits again
+                time.sleep(0.001)
+            queue.submit("a", ("a", i))
+            assert done.acquire(timeout=10)
+        assert len(set(ran_on)) == 1, ran_on
+    finally:
+        queue.close()
+    assert all(not thread.is_alive() for thread in queue._threads if thread.join(10) or True)

@@ -51,19 +51,19 @@ class HandleTable:
         return entry
 
     def release(self, handles, client):
-        """Release those of ``handles`` that ``client`` owns; returns how many."""
+        """Take those of ``handles`` that ``client`` owns out of the table; returns their entries.
+
+        The models are freed when the caller drops that list, not under the table's lock: freeing a large
+        model takes milliseconds, and other threads look their handles up meanwhile.
+        """
         with self._lock:
-            mine = [h for h in handles if type(h) is int and getattr(self._entries.get(h), "client", None) == client]
-            for h in mine:
-                del self._entries[h]
-            return len(mine)
+            return [self._entries.pop(h) for h in handles
+                    if type(h) is int and getattr(self._entries.get(h), "client", None) == client]
 
     def release_client(self, client):
         with self._lock:
-            mine = [h for h, e in self._entries.items() if e.client == client]
-            for h in mine:
-                del self._entries[h]
-            return len(mine)
+            gone = [self._entries.pop(h) for h in [h for h, e in self._entries.items() if e.client == client]]
+        return len(gone)
 
     def owners(self):
         """How many handles each client owns."""

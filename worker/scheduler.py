@@ -3,7 +3,8 @@
 Each client has its own queue; the executor threads take the next request of
 the client with work waiting that was served least recently (one never
 served goes first), so one client's backlog never holds up another client's
-next request by more than the request already running. A client may have only so many
+next request by more than the request already running. An idle thread that was busy most
+recently takes the next request: its core and caches are the warmest. A client may have only so many
 requests queued (more are refused at once), and when a client is freed (it
 said goodbye, died, or went silent) its queued requests are dropped: the
 work of a dead client never runs.
@@ -39,10 +40,12 @@ class FairQueue:
         self._queues = {}  # client -> deque of items; a client is here only while it has work
         self._served = {}  # client -> when it was last served (a tick); kept after its queue empties
         self._ticks = itertools.count(1)
-        self._ready = threading.Condition()
+        lock = threading.RLock()
+        self._ready = threading.Condition(lock)  # admission waits on it
+        self._idle = []  # the waits (on the same lock) of the threads with nothing to do, the latest idle last
         self._closed = False
-        self._threads = [threading.Thread(target=self._serve, name=f"sgb-work-{i}", daemon=True)
-                         for i in range(threads)]
+        self._threads = [threading.Thread(target=self._serve, args=(threading.Condition(lock),),
+                                          name=f"sgb-work-{i}", daemon=True) for i in range(threads)]
         for thread in self._threads:
             thread.start()
 
@@ -59,7 +62,8 @@ class FairQueue:
             elif len(queue) >= self.max_queued:
                 return False
             queue.append(item)
-            self._ready.notify()
+            if self._idle:  # the thread that went idle last (LIFO): a Condition would wake the longest idle
+                self._idle.pop().notify()
             return True
 
     def cancel(self, client):
@@ -81,12 +85,15 @@ class FairQueue:
             self._closed = True
             self._queues.clear()
             self._served.clear()
+            while self._idle:
+                self._idle.pop().notify()
             self._ready.notify_all()
 
-    def _next(self):
+    def _next(self, wake):
         with self._ready:
             while not self._queues and not self._closed:
-                self._ready.wait()
+                self._idle.append(wake)
+                wake.wait()  # whoever notifies it has taken it off _idle
             if self._closed:
                 return None
             client = min(self._queues, key=self._served.__getitem__)  # served least recently
@@ -113,8 +120,8 @@ class FairQueue:
         self.in_use += cost
         return cost
 
-    def _serve(self):
-        while (taken := self._next()) is not None:
+    def _serve(self, wake):
+        while (taken := self._next(wake)) is not None:
             item, cost = taken
             try:
                 self.run(item)

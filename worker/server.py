@@ -409,6 +409,10 @@ class Worker:
         finally:
             self.clients.answered(state)
         self._reply(identity, frames)
+        # Only now drop the models the request released: freeing one takes milliseconds (a forest of 100
+        # trees: 10-14 ms on the H200 machine), which the reply need not wait for. Peak memory is what cuML
+        # in process has too, where rebinding a name frees the old model after the new one is fitted.
+        self._local.freed = None
 
     def _stamp(self, step):
         """Note when ``step`` of this thread's request ended (``STEPS_ENV`` set; else nothing)."""
@@ -447,8 +451,9 @@ class Worker:
         self._local.pools, self._local.read_pinned = [], False  # see _pool_of
         try:
             started = stamps[0][1]
-            self._release(header)
-            self._stamp("released")
+            freed = self.handles.release(self._releases(header), header.get("client"))
+            if header["op"] in WORK_OPS:  # out of the table now; the models themselves go after the reply (_work)
+                self._local.freed = freed
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 payload, reply_buffers = getattr(self, "_op_" + header["op"])(header, buffers)
@@ -517,12 +522,13 @@ class Worker:
                 log.debug("could not read the GPU's memory", exc_info=True)
         return note + "; the worker carries on]"
 
-    def _release(self, header):
-        handles = header.get("release")
-        if handles:
-            if not isinstance(handles, list):
-                raise ProtocolError("'release' must be a list of handles")
-            self.handles.release(handles, header.get("client"))
+    @staticmethod
+    def _releases(header):
+        """The handles a request asks the worker to free (``release``), checked."""
+        handles = header.get("release") or []
+        if not isinstance(handles, list):
+            raise ProtocolError("'release' must be a list of handles")
+        return handles
 
     # ------------------------------------------------------------ quick ops
 
