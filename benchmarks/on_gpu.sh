@@ -205,12 +205,13 @@ for stage in "$@"; do
       # the next request (before, every finished request woke every idle thread): the cuML tests of the scheduler,
       # handles and reply slot; the small cases before (BEFORE_SITE) and after, alternated; the steps, after and before
       small="StandardScaler fit_transform 5000x20|SVC(rbf) fit+predict 500x20|LogisticRegression fit+predict 5000x20"
-      step 240 "$OUT/pytest-cuml-herd.txt" "${PYTEST[@]}" -q -rfEs --tb=short tests/test_scheduler.py \
-        tests/test_reply_slot.py tests/test_worker.py tests/test_estimators.py -k "not checks"
       alternate herd 300 "$small"
       step 150 "$OUT/herd-legs.txt" python3 benchmarks/e2e.py --parts profile --only "$small" --out /tmp/legs.json
       step 150 "$OUT/herd-legs.txt" env PYTHONPATH="$BEFORE_SITE:$PYTHONPATH" python3 benchmarks/e2e.py --parts profile \
         --only "$small" --out /tmp/legs.json ;;
+    herd-tests)  # the cuML tests of the scheduler, the handles and the reply slot, after that change
+      step 240 "$OUT/pytest-cuml-herd.txt" "${PYTEST[@]}" -q -rfEs --tb=short tests/test_scheduler.py \
+        tests/test_reply_slot.py tests/test_worker.py tests/test_estimators.py ;;
     table)  # the README's table: every case, three ways, scikit-learn on all cores included
       step 590 "$OUT/e2e-table.txt" python3 benchmarks/e2e.py --parts cases --out "$OUT/e2e-table.json" ;;
     grid-njobs)  # the README's n_jobs rows: the grid with the default worker, 3 repeats
