@@ -184,6 +184,29 @@ def test_worker_profile_env_writes_the_requests_profile_at_exit(tmp_path, monkey
     assert "_op_fit" in functions
 
 
+def test_worker_steps_env_says_when_each_step_of_a_request_ended(tmp_path, monkeypatch, worker):
+    """SKLEARN_GPU_BRIDGE_WORKER_STEPS: each reply says when its request's steps ended on the worker, in order;
+    without it, no reply carries them."""
+    connection = sklearn_gpu_bridge.get_connection()
+    GPUStandardScaler().fit_transform(np.ones((100, 3)))
+    assert connection.last_worker_steps is None
+    monkeypatch.setenv("SKLEARN_GPU_BRIDGE_WORKER_STEPS", "1")
+    process = WorkerProcess(tmp_path)
+    try:
+        use_worker(process)
+        GPUStandardScaler().fit_transform(np.ones((100, 3)))
+        steps = sklearn_gpu_bridge.get_connection().last_worker_steps
+        sent, received, (arrived, replied) = sklearn_gpu_bridge.get_connection().last_stamps
+    finally:
+        sklearn_gpu_bridge.reset_connection()
+        assert process.stop() == 0
+        use_worker(worker)
+    names = [name for name, _ in steps]
+    assert names == ["arrived", "unpacked", "taken", "checked", "decoded", "ran", "encoded"]
+    times = [at for _, at in steps]
+    assert times == sorted(times) and times[0] == arrived and sent <= arrived and times[-1] <= replied <= received
+
+
 _SEARCH_IN_CHILDREN = textwrap.dedent("""
     import sys
     import numpy as np

@@ -7,12 +7,13 @@ is not here. ``docs/protocol.md`` explains the rest of the wire format.
 Every request header carries ``op``, ``id`` (fresh, random), ``client``
 (the sender's random id; required by work ops), ``to`` (the worker run it is
 for), ``time`` and ``digests`` (see :mod:`.session`), and may carry ``release``:
-handles of this client to free before the op runs (releases ride on the
-next request instead of costing a round trip of their own). Every reply
-carries ``op`` ("reply" or "error"), ``id``, ``parent`` (the request's id)
-and, for work ops, ``worker_span`` ([arrived, replied], CLOCK_MONOTONIC
-seconds) and ``warnings`` ([module, category, message] of each warning
-raised on the worker). An ``error`` reply carries ``mro``, ``args``,
+handles of this client to free (releases ride on the next request instead
+of costing a round trip of their own; a work request's models are dropped
+after its reply). Every reply carries ``op`` ("reply" or "error"), ``id``,
+``parent`` (the request's id) and, for work ops, ``worker_span`` ([arrived,
+replied], CLOCK_MONOTONIC seconds), ``warnings`` ([module, category, message]
+of each warning raised on the worker) and, where the worker was started with
+``SKLEARN_GPU_BRIDGE_WORKER_STEPS`` set, ``worker_steps`` ([step, seconds]). An ``error`` reply carries ``mro``, ``args``,
 ``message`` and ``traceback`` (see :func:`errors.describe`).
 
 Quick ops are answered by the worker's loop at once, even while work runs;
