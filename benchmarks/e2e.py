@@ -241,9 +241,9 @@ def run_cases(cases, repeats, use_cuml, skip_large_sklearn, variants=None):
             ways["bridge"] = lambda w=wrapper, c=case: w(**c.params)
         else:
             row["bridge_missing"] = f"{case.bridge} is not in this version"
-        # every case's ways in turn: a large case's cuML time alone moves by 10% from one run to the next on
-        # the H200 machine (PCA(10) 1M x 100: 0.82-0.99 s), and ways timed one after another took that drift
-        # as the bridge's (1.49x in one run, 1.04x in the next, before 2026-11-25)
+        # every case's ways in turn: a large case's cuML time alone moves by 10% and more within one run on
+        # the H200 machine (PCA(10) 1M x 100: 0.81-0.98 s), and ways timed one after another count that
+        # drift as the bridge's
         runs = {way: lambda m=make: case.run(m(), X, y) for way, make in ways.items()}
         for way, settings in (variants or {}).items() if wrapper is not None and not case.large else ():
             runs[way] = lambda w=wrapper, c=case, s=settings: _with_settings(s, lambda: c.run(w(**c.params), X, y))

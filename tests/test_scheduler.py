@@ -108,4 +108,6 @@ def test_one_client_at_a_time_is_served_by_the_thread_that_was_busy_last():
         assert len(set(ran_on)) == 1, ran_on
     finally:
         queue.close()
-    assert all(not thread.is_alive() for thread in queue._threads if thread.join(10) or True)
+    for thread in queue._threads:  # close() wakes the idle threads too, and they end
+        thread.join(10)
+    assert not any(thread.is_alive() for thread in queue._threads)

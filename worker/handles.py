@@ -62,8 +62,9 @@ class HandleTable:
 
     def release_client(self, client):
         with self._lock:
-            gone = [self._entries.pop(h) for h in [h for h, e in self._entries.items() if e.client == client]]
-        return len(gone)
+            mine = [h for h, e in self._entries.items() if e.client == client]
+            gone = [self._entries.pop(h) for h in mine]
+        return len(gone)  # the models are freed here, out of the lock
 
     def owners(self):
         """How many handles each client owns."""

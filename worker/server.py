@@ -440,6 +440,8 @@ class Worker:
             reply_slot.write(target.memory, token, frames)
         except ProtocolError as exc:  # PoolError included; the client was freed meanwhile
             log.debug("a reply slot was passed over: %s", exc)
+        except Exception:  # noqa: BLE001 - a bug here must not keep the reply from going through ZeroMQ
+            log.exception("a reply slot could not be written; the reply goes through ZeroMQ only")
 
     def _handle(self, header, buffers, stamps=None):
         """Run one operation; always returns reply frames, never raises.
