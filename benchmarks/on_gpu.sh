@@ -212,6 +212,28 @@ for stage in "$@"; do
     herd-tests)  # the cuML tests of the scheduler, the handles and the reply slot, after that change
       step 240 "$OUT/pytest-cuml-herd.txt" "${PYTEST[@]}" -q -rfEs --tb=short tests/test_scheduler.py \
         tests/test_reply_slot.py tests/test_worker.py tests/test_estimators.py ;;
+    leaders-tests)  # issue 15, 2026-11-25 (third session): the cuML tests of the scheduler, the worker, the reply slot
+      # and the estimators, after the threads took turns at reading (leader/followers)
+      step 240 "$OUT/pytest-cuml-leaders.txt" "${PYTEST[@]}" -q -rfEs --tb=short tests/test_scheduler.py \
+        tests/test_reply_slot.py tests/test_worker.py tests/test_estimators.py ;;
+    leaders)  # the same change: the small cases before (BEFORE_SITE: the reading thread hands every request to an
+      # executor) and after (the thread that read a request runs it), alternated, ROUNDS times
+      small="StandardScaler fit_transform 5000x20|SVC(rbf) fit+predict 500x20|LogisticRegression fit+predict 5000x20"
+      alternate leaders 300 "$small" ;;
+    leaders-legs)  # the same change: the steps of the small cases after, then before
+      small="StandardScaler fit_transform 5000x20|SVC(rbf) fit+predict 500x20|LogisticRegression fit+predict 5000x20"
+      step 150 "$OUT/leaders-legs.txt" python3 benchmarks/e2e.py --parts profile --only "$small" --out /tmp/legs.json
+      step 150 "$OUT/leaders-legs.txt" env PYTHONPATH="$BEFORE_SITE:$PYTHONPATH" python3 benchmarks/e2e.py \
+        --parts profile --only "$small" --out /tmp/legs.json ;;
+    pca)  # target 2: PCA(10) 1M x 100 after the 51 MB case and KMeans 1M in the same worker, as the table runs it;
+      # then the steps of each, and a cProfile of the worker's requests
+      large="StandardScaler fit_transform 10000x1280|KMeans(8) fit_predict 1M|PCA(10) fit_transform 1M"
+      step 240 "$OUT/pca.txt" python3 benchmarks/e2e.py --parts cases --only "$large" --no-sklearn-large \
+        --out "$OUT/e2e-pca.json"
+      step 240 "$OUT/pca.txt" env SKLEARN_GPU_BRIDGE_WORKER_PROFILE=/tmp/pca.prof python3 benchmarks/e2e.py \
+        --parts profile --only "$large" --out /tmp/legs.json
+      step 30 "$OUT/pca.txt" python3 -c "import pstats; s = pstats.Stats('/tmp/pca.prof'); \
+        s.sort_stats('cumtime').print_stats(50); s.sort_stats('tottime').print_stats(30)" ;;
     table)  # the README's table: every case, three ways, scikit-learn on all cores included
       step 590 "$OUT/e2e-table.txt" python3 benchmarks/e2e.py --parts cases --out "$OUT/e2e-table.json" ;;
     grid-njobs)  # the README's n_jobs rows: the grid with the default worker, 3 repeats

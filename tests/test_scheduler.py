@@ -111,3 +111,89 @@ def test_one_client_at_a_time_is_served_by_the_thread_that_was_busy_last():
     for thread in queue._threads:  # close() wakes the idle threads too, and they end
         thread.join(10)
     assert not any(thread.is_alive() for thread in queue._threads)
+
+
+class Reader:
+    """A ``lead`` function: hands out the requests put in its inbox, one per call, noting which thread read each."""
+
+    def __init__(self, queue):
+        self.queue, self.inbox = queue, []
+        self.read_on, self.readers = {}, set()
+        self.lock = threading.Condition()
+        self.stopped = False
+
+    def stop(self):
+        """As the worker stops: the reader returns False, then the queue is closed."""
+        with self.lock:
+            self.stopped = True
+            self.lock.notify_all()
+        self.queue.close()
+
+    def put(self, item):
+        with self.lock:
+            self.inbox.append(item)
+            self.lock.notify_all()
+
+    def __call__(self):
+        self.readers.add(threading.current_thread().name)
+        with self.lock:
+            self.lock.wait_for(lambda: self.inbox or self.stopped)
+            if not self.inbox:
+                return False
+            item = self.inbox.pop(0)
+        self.read_on[item[0]] = threading.current_thread().name
+        return self.queue.submit("client-" + item[0], item)
+
+
+def test_a_request_runs_on_the_thread_that_read_it_while_another_thread_takes_over_reading():
+    """Leader/followers: the reader runs what it read (no thread is woken before the request starts), and while
+    it runs, another thread reads: a second request is read, and runs, beside the first."""
+    recorder = Recorder()
+    ran_on = {}
+
+    def run(item):
+        ran_on[item[0]] = threading.current_thread().name
+        recorder(item)
+
+    queue = FairQueue(run, threads=2)
+    reader = Reader(queue)
+    queue.lead_with(reader)
+    try:
+        assert queue.threads == 2  # one more thread reads
+        reader.put(("a", 1))
+        _wait_started(recorder, 1)
+        reader.put(("b", 1))
+        _wait_started(recorder, 1)
+        assert ran_on == reader.read_on and ran_on["a"] != ran_on["b"], (ran_on, reader.read_on)
+        assert recorder.together[-1] == {"a", "b"}
+        deadline = time.monotonic() + 10
+        while len(reader.readers) < 3 and time.monotonic() < deadline:  # a third thread reads meanwhile
+            time.sleep(0.001)
+        assert len(reader.readers) == 3
+        recorder.let_go("a"), recorder.let_go("b")
+    finally:
+        reader.stop()
+    assert queue._leading is False  # close() returned after the reader left
+
+
+def test_while_every_other_thread_is_busy_the_reader_keeps_reading_and_the_request_waits():
+    """One request at a time (threads=1): the second waits for the first, and the reader does not run it."""
+    recorder = Recorder()
+    queue = FairQueue(recorder, threads=1)
+    reader = Reader(queue)
+    queue.lead_with(reader)
+    try:
+        reader.put(("a", 1))
+        _wait_started(recorder, 1)
+        reader.put(("b", 1))
+        deadline = time.monotonic() + 10
+        while queue.waiting() == 0 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        time.sleep(0.1)  # the reader reads on, and "b" waits
+        assert queue.waiting() == 1 and recorder.running == {"a"} and queue.running == 1
+        recorder.let_go("a")
+        _wait_started(recorder, 1)
+        assert recorder.together[-1] == {"b"} and queue.peak == 1
+        recorder.let_go("b")
+    finally:
+        reader.stop()

@@ -1,18 +1,21 @@
-"""The worker: a ZeroMQ ROUTER loop in front of a backend.
+"""The worker: a ZeroMQ ROUTER socket in front of a backend.
 
-The main thread reads the ROUTER socket. It answers quick operations (hello,
-ping, status, release, goodbye, shutdown, attach) itself, and hands estimator
-work (fit, call, get_state, set_state) to executor threads, one client's
-request after another's (:mod:`.scheduler`), which send their replies on the
-same socket themselves: the socket is used under a lock only, and the main
-thread waits on its file descriptor, never inside the socket, so the socket
-moves between threads with a full memory barrier, as ZeroMQ allows. A reply
-so costs no wakeup of the main thread (a thread woken on an idle core is the
-dearest part of a small call on a GPU VM: ``benchmarks/hops.py``). So the
-worker still answers ``ping`` while a long fit runs: that is how a client
-tells "busy" from "dead". Which op is which is the
-protocol's catalogue (:data:`sklearn_gpu_bridge.protocol.OPS`); each has a
-method ``_op_<name>`` here.
+Its executor threads take turns reading the ROUTER socket (leader/followers,
+:mod:`.scheduler`): the thread that reads answers quick operations (hello,
+ping, status, release, goodbye, shutdown, attach) itself and queues
+estimator work (fit, call, get_state, set_state), one client's request after
+another's; when another thread is idle, that one takes over the reading and
+the reader runs the request it read, so a request never waits for a sleeping
+thread to be woken (on a GPU VM the dearest part of a small call:
+``benchmarks/hops.py``). Each thread sends its replies on the same socket
+itself: the socket is used under a lock only, and the reader waits on its
+file descriptor, never inside the socket, so the socket moves between
+threads with a full memory barrier, as ZeroMQ allows. So the worker still
+answers ``ping`` while a long fit runs: that is how a client tells "busy"
+from "dead". The thread that called :meth:`Worker.serve_forever` sweeps
+silent clients and watches the parent. Which op is which is the protocol's
+catalogue (:data:`sklearn_gpu_bridge.protocol.OPS`); each has a method
+``_op_<name>`` here.
 
 What reaches the loop at all is decided first: a peer without the
 credentials of the address (:mod:`sklearn_gpu_bridge.keys`) is refused
@@ -173,7 +176,7 @@ class Worker:
         self._profile_lock = threading.Lock()
         self._steps = bool(os.environ.get(STEPS_ENV))
         self._local = threading.local()
-        self._loop_thread = None  # the thread in serve_forever: the one that reads the socket
+        self.wakeup = None  # inproc PULL socket: wakes the thread that reads (_lead) from its poll
         self._router_lock = threading.RLock()  # whoever uses the ROUTER socket holds it (the loop, executors)
         self._stopping = threading.Event()
         self.context = zmq.Context()
@@ -235,43 +238,65 @@ class Worker:
         self.address = f"tcp://{host}:{self.port}"
 
     def serve_forever(self):
-        """Serve until SIGINT/SIGTERM, a shutdown request, or the parent's death."""
+        """Serve until SIGINT/SIGTERM, a shutdown request, or the parent's death.
+
+        The executor threads take turns reading the socket (:meth:`_lead`, see :mod:`.scheduler`); this
+        thread watches the parent.
+        """
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(sig, lambda *_: self._stopping.set())
-        self._loop_thread = threading.current_thread()
-        poller = zmq.Poller()
-        poller.register(self.router.getsockopt(zmq.FD), zmq.POLLIN)
-        poller.register(self.wakeup, zmq.POLLIN)
-        last_sweep = time.monotonic()
+        self._poller = zmq.Poller()
+        self._poller.register(self.router.getsockopt(zmq.FD), zmq.POLLIN)
+        self._poller.register(self.wakeup, zmq.POLLIN)
+        self._last_sweep = time.monotonic()
+        self.queue.lead_with(self._lead)
         try:
-            while not self._stopping.is_set():
-                if dict(poller.poll(200)).get(self.wakeup):
-                    while self.wakeup.poll(0):
-                        self.wakeup.recv(zmq.NOBLOCK)
-                for _ in range(MAX_READ_IN_TURN):
-                    with self._router_lock:
-                        if not self.router.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-                            break
-                        try:
-                            self._receive()
-                        except Exception:  # noqa: BLE001 - a message must never stop the loop; say so loudly
-                            self.counts["failed"] += 1
-                            log.exception("a message could not be handled; dropped it")
-                else:  # more are waiting: the descriptor may not signal them again, so come back at once
-                    self._wake()
-                if time.monotonic() - last_sweep > SWEEP_SECONDS:
-                    last_sweep = time.monotonic()
-                    if self.parent_pid and not pid_alive(self.parent_pid):
-                        log.info("parent process %d is gone; stopping", self.parent_pid)
-                        break
-                    self.clients.sweep()
+            while not self._stopping.wait(SWEEP_SECONDS):
+                if self.parent_pid and not pid_alive(self.parent_pid):
+                    log.info("parent process %d is gone; stopping", self.parent_pid)
+                    break
         finally:
             self.close()
 
+    def _lead(self):
+        """Read messages until one is work queued for a thread (True), or the worker stops (False).
+
+        Quick operations are answered here, and silent clients swept (by the reader alone: a sweep may forget
+        a client between two of its messages). Messages already waiting are read before the socket's descriptor
+        is polled: it signals only what arrives after the last look.
+        """
+        self._local.leading = True
+        try:
+            while not self._stopping.is_set():
+                drained = True
+                for _ in range(MAX_READ_IN_TURN):
+                    with self._router_lock:
+                        if self.router.closed or not self.router.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                            break
+                        try:
+                            if self._receive():
+                                return True
+                        except Exception:  # noqa: BLE001 - a message must never stop the reading; say so loudly
+                            self.counts["failed"] += 1
+                            log.exception("a message could not be handled; dropped it")
+                else:
+                    drained = False  # more are waiting: read on after a look at the clock, not at the descriptor
+                if time.monotonic() - self._last_sweep > SWEEP_SECONDS:
+                    self._last_sweep = time.monotonic()
+                    self.clients.sweep()
+                if drained and dict(self._poller.poll(200)).get(self.wakeup):
+                    while self.wakeup.poll(0):
+                        self.wakeup.recv(zmq.NOBLOCK)
+            return False
+        finally:
+            self._local.leading = False
+
     def close(self):
         self._stopping.set()
-        self.queue.close()
+        if self.wakeup is not None:
+            self._wake()  # the reading thread returns from its poll at once
+        self.queue.close()  # waits (a moment) until no thread reads: the sockets are closed below
         if self.gatekeeper is not None:
             self.gatekeeper.stop()
         if self._profile:
@@ -300,6 +325,7 @@ class Worker:
         return frames
 
     def _receive(self):
+        """Read one message: answer it, drop it, or queue it as work (True)."""
         frames = self._read_message()
         arrived = time.monotonic()
         if frames is None:
@@ -327,12 +353,13 @@ class Worker:
             state = self.clients.seen(client, working=True)
             if self._steps:
                 stamps.append(("unpacked", time.monotonic()))
-            if not self.queue.submit(client, (identity, header, buffers, state, stamps)):
-                self.clients.answered(state)
-                self.refused["queue_full"] += 1
-                error = ProtocolError(f"this client already has {self.queue.max_queued} requests waiting; "
-                                      "wait for their replies")
-                self._reply(identity, self._error_reply(header, error))
+            if self.queue.submit(client, (identity, header, buffers, state, stamps)):
+                return True
+            self.clients.answered(state)
+            self.refused["queue_full"] += 1
+            error = ProtocolError(f"this client already has {self.queue.max_queued} requests waiting; "
+                                  "wait for their replies")
+            self._reply(identity, self._error_reply(header, error))
         elif op in QUICK_OPS:
             self.clients.seen(client, working=False)
             try:
@@ -359,7 +386,7 @@ class Worker:
                 return  # stopped while this request ran: the client is told by the closed connection
             self.router.send_multipart([identity, *frames], copy=False)
             waiting = self.router.getsockopt(zmq.EVENTS) & zmq.POLLIN
-        if waiting and threading.current_thread() is not self._loop_thread:
+        if waiting and not getattr(self._local, "leading", False):
             self._wake()
 
     def _wake(self):
