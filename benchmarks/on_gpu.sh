@@ -234,6 +234,15 @@ for stage in "$@"; do
         --parts profile --only "$large" --out /tmp/legs.json
       step 30 "$OUT/pca.txt" python3 -c "import pstats; s = pstats.Stats('/tmp/pca.prof'); \
         s.sort_stats('cumtime').print_stats(50); s.sort_stats('tottime').print_stats(30)" ;;
+    device-copy-tests)  # the same session: a large float X copied to the device by the worker before cuML sees it
+      # (CumlBackend.inputs); here every X, however small (threshold 0), so that every class and method meets it
+      log="$OUT/pytest-cuml-device-copy.txt"
+      step 300 "$log" env SKLEARN_GPU_BRIDGE_DEVICE_COPY_MIN_BYTES=0 "${PYTEST[@]}" -q -rfEs --tb=short \
+        tests/test_coverage.py tests/test_estimators.py tests/test_worker.py ;;
+    device-copy)  # the same change: the cases of 8 MiB and more before (BEFORE_SITE) and after, alternated
+      large="StandardScaler fit_transform 10000x1280|KMeans(8) fit_predict 1M|PCA(10) fit_transform 1M"
+      large="$large|LogisticRegression fit 1M|NearestNeighbors|KNeighborsClassifier"
+      alternate device-copy 300 "$large" ;;
     table)  # the README's table: every case, three ways, scikit-learn on all cores included
       step 590 "$OUT/e2e-table.txt" python3 benchmarks/e2e.py --parts cases --out "$OUT/e2e-table.json" ;;
     grid-njobs)  # the README's n_jobs rows: the grid with the default worker, 3 repeats

@@ -160,6 +160,9 @@ def test_a_request_runs_on_the_thread_that_read_it_while_another_thread_takes_ov
     queue.lead_with(reader)
     try:
         assert queue.threads == 2  # one more thread reads
+        deadline = time.monotonic() + 10
+        while len(queue._idle) < 2 and time.monotonic() < deadline:  # the others wait: one can take over reading
+            time.sleep(0.001)
         reader.put(("a", 1))
         _wait_started(recorder, 1)
         reader.put(("b", 1))
@@ -189,11 +192,16 @@ def test_while_every_other_thread_is_busy_the_reader_keeps_reading_and_the_reque
         deadline = time.monotonic() + 10
         while queue.waiting() == 0 and time.monotonic() < deadline:
             time.sleep(0.001)
-        time.sleep(0.1)  # the reader reads on, and "b" waits
-        assert queue.waiting() == 1 and recorder.running == {"a"} and queue.running == 1
+        reader.put(("c", 1))  # the reader reads on while "b" waits
+        while queue.waiting() < 2 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert queue.waiting() == 2 and recorder.running == {"a"} and queue.running == 1
         recorder.let_go("a")
         _wait_started(recorder, 1)
         assert recorder.together[-1] == {"b"} and queue.peak == 1
         recorder.let_go("b")
+        _wait_started(recorder, 1)
+        assert recorder.together[-1] == {"c"} and queue.peak == 1
+        recorder.let_go("c")
     finally:
         reader.stop()

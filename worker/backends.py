@@ -12,6 +12,7 @@ import contextlib
 import functools
 import inspect
 import logging
+import os
 import platform
 import re
 
@@ -54,6 +55,21 @@ def parameter_names(cls):
     """
     names = getattr(cls, "_get_param_names", None)
     return frozenset(names() if names is not None else inspect.signature(cls).parameters)
+
+
+#: a float X of this many bytes or more goes to the device before cuML sees it (CumlBackend.inputs)
+DEVICE_COPY_MIN_BYTES = 8 << 20
+#: a worker's environment may set another threshold (0: every float X; the GPU tests use it to try every class)
+DEVICE_COPY_ENV = "SKLEARN_GPU_BRIDGE_DEVICE_COPY_MIN_BYTES"
+DEVICE_COPY_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def device_copy_min_bytes():
+    """:data:`DEVICE_COPY_MIN_BYTES`, or what the worker's environment says (``DEVICE_COPY_ENV``)."""
+    try:
+        return int(os.environ.get(DEVICE_COPY_ENV, DEVICE_COPY_MIN_BYTES))
+    except ValueError:
+        return DEVICE_COPY_MIN_BYTES
 
 
 def checked_finite(finite):
@@ -101,6 +117,10 @@ class Backend:
     def host_pinning(self):
         """A :class:`HostPinning` for clients' pool segments, or None where copies do not gain from it."""
         return None
+
+    def inputs(self, args):
+        """The positional arguments as the estimator gets them (cuML: a large X already on the device)."""
+        return args
 
     def settle(self):
         """Return once the device has finished reading host memory this thread gave it (pinning.py)."""
@@ -162,14 +182,14 @@ class Backend:
         else:
             raise ProtocolError(f"unknown params_from {params_from!r}")
         with self.output_context(method), checked_finite(finite):
-            return estimator, getattr(estimator, method)(*args, **kwargs), dropped
+            return estimator, getattr(estimator, method)(*self.inputs(args), **kwargs), dropped
 
     def call(self, name, estimator, method, args, kwargs, finite=False):
         """``method`` of a fitted ``name`` (checked: :meth:`check_call`), if this backend's class has it."""
         if not callable(getattr(estimator, method, None)):
             raise AttributeError(f"{name} has no method {method!r} that the bridge may call")
         with self.output_context(method), checked_finite(finite):
-            return getattr(estimator, method)(*args, **kwargs)
+            return getattr(estimator, method)(*self.inputs(args), **kwargs)
 
     @staticmethod
     def attribute(estimator, name):
@@ -237,6 +257,7 @@ class CumlBackend(Backend):
             raise ImportError("no cuML here: `import cuml` gives sklearn-gpu-bridge's alias")
         cuml.set_global_output_type("numpy")
         self._cuml = cuml
+        self.device_copy_min_bytes = device_copy_min_bytes()
 
     def host_pinning(self):
         """Pool segments registered with the CUDA driver: copies to and from the GPU by DMA (pinning.py)."""
@@ -244,6 +265,25 @@ class CumlBackend(Backend):
 
         runtime = cupy.cuda.runtime
         return HostPinning(lambda address, nbytes: runtime.hostRegister(address, nbytes, 0), runtime.hostUnregister)
+
+    def inputs(self, args):
+        """A large float X copied to the device here, in one DMA from the (page-locked) pool segment.
+
+        Given a numpy array, cuML's input check copies it with ``cupy.array``, which stages every host array
+        through a pinned buffer of CuPy's own by a copy on one CPU core, and into the order the estimator
+        wants: for PCA's column-major order a transposing copy, most of its 1 s on 1M x 100 on the H200
+        machine (``results/gpu-h200-1125c/pca.txt``). Given a device array, cuML changes its order on the
+        device. The values are the same either way.
+        """
+        X = args[0] if args else None
+        if (type(X) is not np.ndarray or X.ndim != 2 or X.dtype not in DEVICE_COPY_DTYPES
+                or X.nbytes < self.device_copy_min_bytes or not (X.flags.c_contiguous or X.flags.f_contiguous)):
+            return args
+        import cupy
+
+        device = cupy.empty(X.shape, X.dtype, order="C" if X.flags.c_contiguous else "F")
+        device.data.copy_from_host(X.ctypes.data, X.nbytes)  # synchronous: the block may be reused after this
+        return [device, *args[1:]]
 
     def settle(self):
         # The whole device, not this thread's stream: cuML may copy on a stream of its own.

@@ -74,7 +74,10 @@ class FairQueue:
         thread.start()
 
     def submit(self, client, item):
-        """Queue ``item`` for ``client``; False if the client already has ``max_queued`` waiting."""
+        """Queue ``item`` for ``client``; False if the client already has ``max_queued`` waiting.
+
+        Once a thread leads (:meth:`lead_with`), only ``lead`` submits: it runs or hands on what it queued.
+        """
         with self._ready:
             queue = self._queues.get(client)
             if queue is None:
@@ -115,7 +118,8 @@ class FairQueue:
             while self._idle:
                 self._idle.pop().notify()
             self._ready.notify_all()
-            self._ready.wait_for(lambda: not self._leading, timeout=wait)
+            if not self._ready.wait_for(lambda: not self._leading, timeout=wait):
+                log.warning("a thread still reads %.0f s after close", wait)
 
     def _next(self, wake):
         """What this thread does next: (item, cost) to run, LEAD, or None once closed."""
@@ -153,9 +157,9 @@ class FairQueue:
                 except Exception:  # noqa: BLE001 - a bug must not stop the reading
                     log.exception("reading requests failed; reading on")
                     time.sleep(0.1)
-                    continue
+                    submitted = None
                 with self._ready:
-                    if not submitted:  # nothing more to read: its owner stops, and close() follows
+                    if submitted is False:  # nothing more to read: its owner stops, and close() follows
                         self._ready.wait_for(lambda: self._closed)
                     if self._closed:
                         return None

@@ -17,7 +17,7 @@ silent clients and watches the parent. Which op is which is the protocol's
 catalogue (:data:`sklearn_gpu_bridge.protocol.OPS`); each has a method
 ``_op_<name>`` here.
 
-What reaches the loop at all is decided first: a peer without the
+What reaches the reading thread at all is decided first: a peer without the
 credentials of the address (:mod:`sklearn_gpu_bridge.keys`) is refused
 during ZeroMQ's handshake (:mod:`.gatekeeper`); a frame longer than
 ``max_frame_mb`` closes the connection; a message of too many frames is
@@ -80,7 +80,7 @@ SWEEP_SECONDS = 1.0
 MAX_FRAMES = 1024  # frames in one message: a longer one is dropped as it is read
 HWM = 16  # messages queued per peer socket, each way (an honest client has one request in flight per socket)
 HANDSHAKE_SECONDS = 5  # a connection that has not authenticated by then is closed
-MAX_READ_IN_TURN = 64  # messages the loop reads before it looks at its clock (sweeps, the parent's life)
+MAX_READ_IN_TURN = 64  # messages the reading thread reads before it looks at its clock (sweeps)
 #: a file name: the work of every request is profiled and the stats written there at exit (diagnosis)
 PROFILE_ENV = "SKLEARN_GPU_BRIDGE_WORKER_PROFILE"
 #: set: each reply carries ``worker_steps``, when each step of its request ended on the worker (diagnosis)
@@ -177,8 +177,9 @@ class Worker:
         self._steps = bool(os.environ.get(STEPS_ENV))
         self._local = threading.local()
         self.wakeup = None  # inproc PULL socket: wakes the thread that reads (_lead) from its poll
-        self._router_lock = threading.RLock()  # whoever uses the ROUTER socket holds it (the loop, executors)
+        self._router_lock = threading.RLock()  # whoever uses the ROUTER socket holds it (the reader, the others)
         self._stopping = threading.Event()
+        self._close_lock, self._closed = threading.Lock(), False
         self.context = zmq.Context()
         self.gatekeeper = None
         self.address = None
@@ -198,7 +199,7 @@ class Worker:
         self._bind()
         # the socket's descriptor is edge-triggered: after each use of the socket, its EVENTS must be read
         # again, since the use may have taken the descriptor's signal. A thread that sends a reply and then
-        # finds a message waiting wakes the main thread through this inproc socket.
+        # finds a message waiting wakes the reading thread through this inproc socket.
         self.wakeup = self.context.socket(zmq.PULL)
         self.wakeup.bind(f"inproc://wakeup-{self.worker_id}")
         self.info = ConnectionInfo(
@@ -269,6 +270,9 @@ class Worker:
         self._local.leading = True
         try:
             while not self._stopping.is_set():
+                if time.monotonic() - self._last_sweep > SWEEP_SECONDS:  # first: a reader may return at once
+                    self._last_sweep = time.monotonic()
+                    self.clients.sweep()
                 drained = True
                 for _ in range(MAX_READ_IN_TURN):
                     with self._router_lock:
@@ -282,9 +286,6 @@ class Worker:
                             log.exception("a message could not be handled; dropped it")
                 else:
                     drained = False  # more are waiting: read on after a look at the clock, not at the descriptor
-                if time.monotonic() - self._last_sweep > SWEEP_SECONDS:
-                    self._last_sweep = time.monotonic()
-                    self.clients.sweep()
                 if drained and dict(self._poller.poll(200)).get(self.wakeup):
                     while self.wakeup.poll(0):
                         self.wakeup.recv(zmq.NOBLOCK)
@@ -293,6 +294,10 @@ class Worker:
             self._local.leading = False
 
     def close(self):
+        with self._close_lock:
+            if self._closed:
+                return  # serve_forever's own close after another thread's
+            self._closed = True
         self._stopping.set()
         if self.wakeup is not None:
             self._wake()  # the reading thread returns from its poll at once
@@ -310,7 +315,7 @@ class Worker:
             self.context.destroy(linger=0)
         log.info("worker stopped")
 
-    # ------------------------------------------------------------ the loop
+    # ------------------------------------------------------------ reading
 
     def _read_message(self):
         """The next message's frames, read one by one; None when it has too many (the rest is dropped unread)."""
@@ -379,7 +384,7 @@ class Worker:
         self.counts["cancelled"] += len(dropped)
 
     def _reply(self, identity, frames):
-        """Send a reply, from whichever thread has it (under the socket's lock); wake the main thread if the
+        """Send a reply, from whichever thread has it (under the socket's lock); wake the reading thread if the
         send took the signal of a message that has arrived meanwhile."""
         with self._router_lock:
             if self.router.closed:
@@ -397,7 +402,7 @@ class Worker:
             push.connect(f"inproc://wakeup-{self.worker_id}")
         try:
             push.send(b"", zmq.NOBLOCK)
-        except zmq.Again:  # a thousand wakeups are waiting already: the loop is coming
+        except zmq.Again:  # a thousand wakeups are waiting already: the reader is coming
             pass
 
     def _log_dropped(self, exc):
