@@ -245,3 +245,28 @@ def test_set_config_sets_the_connection_file_for_children_and_puts_the_environme
     assert os.environ[variable] == "/from/code.json"
     sklearn_gpu_bridge.set_config(connection_file=None)
     assert os.environ[variable] == "/from/the/environment.json"
+
+
+def test_a_worker_closed_from_another_thread_stops_serving_and_closes_once(tmp_path):
+    """close() from another thread ends serve_forever, whose own close() then does nothing more (a second
+    close once the context is gone would raise), and every thread that took turns reading has stopped."""
+    from sklearn_gpu_bridge.client import Connection
+    from sklearn_gpu_bridge.connect import read_connection_file
+    from sklearn_gpu_bridge.worker.backends import SklearnBackend
+    from sklearn_gpu_bridge.worker.server import Worker
+
+    worker = Worker(SklearnBackend(), connection_file=str(tmp_path / "worker.json"), threads=2).start()
+    thread = threading.Thread(target=worker.serve_forever, daemon=True)
+    thread.start()
+    connection = Connection(read_connection_file(tmp_path / "worker.json"))
+    try:
+        assert connection.status()["threads"] == 2
+        worker.close()
+        thread.join(timeout=10)
+        assert not thread.is_alive()
+        worker.close()  # again: nothing to do, nothing raised
+        for reader in worker.queue._threads:
+            reader.join(timeout=10)
+        assert not any(reader.is_alive() for reader in worker.queue._threads)
+    finally:
+        connection.close()
