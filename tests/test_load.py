@@ -59,6 +59,9 @@ def busy_worker(tmp_path_factory, worker):
 # ---------------------------------------------------------------- random calls, checked
 
 
+SVD_ULPS = 4096  # see _assert_equal
+
+
 def _random_input(rng):
     n_samples = int(rng.choice([12, 40, 150, 600, 1500]))  # 1500 x 20 float64 = 240 KB: the pool
     n_features = int(rng.integers(2, 21))
@@ -103,21 +106,25 @@ def _check_call(rng):
         argument = previous if method == "inverse_transform" else X_test
         got, expected = getattr(wrapper, method)(argument), getattr(twin, method)(argument)
         assert got.shape == expected.shape and got.dtype == expected.dtype, (method, got.dtype, expected.dtype)
-        _assert_equal(got, expected, f"{type(wrapper).__name__}.{method}")
+        _assert_equal(got, expected, f"{type(wrapper).__name__}.{method}",
+                      ulps=SVD_ULPS if isinstance(wrapper, GPUPCA) else 64)
         previous = got
     return 1 + len(methods)
 
 
-def _assert_equal(got, expected, what):
+def _assert_equal(got, expected, what, ulps=64):
     """Labels exactly; floats to the last few units in the last place.
 
     The fit on the worker is bit for bit scikit-learn's (same input bytes), but
     where the wrapper hands the worker a different layout or dtype than the
     user's (a strided view sent contiguous, int64 validated to float64, as
     scikit-learn's own fit does), scikit-learn's predict takes another BLAS
-    path on the worker than on the raw input, and rounds differently.
+    path on the worker than on the raw input, and rounds differently. PCA's
+    components come out of an SVD, whose LAPACK path follows the layout and
+    the threads BLAS uses: its projections differ by hundreds of units in the
+    last place (``SVD_ULPS``; 9e-12 relative, 1000 x 2, under this test's load).
     """
-    assert_ulps(got, expected, err_msg=what)
+    assert_ulps(got, expected, ulps=ulps, err_msg=what)
 
 
 class BlockWatch:

@@ -50,16 +50,21 @@ class FairQueue:
         self._queues = {}  # client -> deque of items; a client is here only while it has work
         self._served = {}  # client -> when it was last served (a tick); kept after its queue empties
         self._ticks = itertools.count(1)
-        lock = self._lock = threading.RLock()
-        self._ready = threading.Condition(lock)  # admission waits on it
+        self._lock = threading.RLock()
+        self._ready = threading.Condition(self._lock)  # admission waits on it
         self._idle = []  # the waits (on the same lock) of the threads with nothing to do, the latest idle last
         self._closed = False
         self._lead = None  # () -> True once it has queued a request (lead_with); None: no thread reads
         self._leading = False  # a thread is in _lead
-        self._threads = [threading.Thread(target=self._serve, args=(threading.Condition(lock),),
-                                          name=f"sgb-work-{i}", daemon=True) for i in range(threads)]
-        for thread in self._threads:
-            thread.start()
+        self._threads = []
+        for _ in range(threads):
+            self._start_thread()
+
+    def _start_thread(self):
+        thread = threading.Thread(target=self._serve, args=(threading.Condition(self._lock),),
+                                  name=f"sgb-work-{len(self._threads)}", daemon=True)
+        self._threads.append(thread)
+        thread.start()
 
     def lead_with(self, lead):
         """From now on one thread at a time calls ``lead()``, which reads requests and submits them, and returns
@@ -68,10 +73,7 @@ class FairQueue:
         thread reads."""
         with self._ready:
             self._lead = lead
-            thread = threading.Thread(target=self._serve, args=(threading.Condition(self._lock),),
-                                      name=f"sgb-work-{len(self._threads)}", daemon=True)
-            self._threads.append(thread)
-        thread.start()
+            self._start_thread()
 
     def submit(self, client, item):
         """Queue ``item`` for ``client``; False if the client already has ``max_queued`` waiting.

@@ -12,8 +12,8 @@ itself: the socket is used under a lock only, and the reader waits on its
 file descriptor, never inside the socket, so the socket moves between
 threads with a full memory barrier, as ZeroMQ allows. So the worker still
 answers ``ping`` while a long fit runs: that is how a client tells "busy"
-from "dead". The thread that called :meth:`Worker.serve_forever` sweeps
-silent clients and watches the parent. Which op is which is the protocol's
+from "dead". The reader also sweeps silent clients; the thread that called
+:meth:`Worker.serve_forever` watches the parent. Which op is which is the protocol's
 catalogue (:data:`sklearn_gpu_bridge.protocol.OPS`); each has a method
 ``_op_<name>`` here.
 

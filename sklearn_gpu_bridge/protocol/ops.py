@@ -16,7 +16,7 @@ of each warning raised on the worker) and, where the worker was started with
 ``SKLEARN_GPU_BRIDGE_WORKER_STEPS`` set, ``worker_steps`` ([step, seconds]). An ``error`` reply carries ``mro``, ``args``,
 ``message`` and ``traceback`` (see :func:`errors.describe`).
 
-Quick ops are answered by the worker's loop at once, even while work runs;
+Quick ops are answered at once by the worker's reading thread, even while work runs;
 work ops run on its executor threads, in turn per client.
 """
 
