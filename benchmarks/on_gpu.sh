@@ -243,6 +243,21 @@ for stage in "$@"; do
       large="StandardScaler fit_transform 10000x1280|KMeans(8) fit_predict 1M|PCA(10) fit_transform 1M"
       large="$large|LogisticRegression fit 1M|NearestNeighbors|KNeighborsClassifier"
       alternate device-copy 300 "$large" ;;
+    slot-tests)  # issue 15, 2026-11-25 (fourth session): a request's next request read from its request slot
+      # (next_slot); the cuML tests of the slots, the worker, the scheduler, the protocol and the estimators
+      step 240 "$OUT/pytest-cuml-request-slot.txt" "${PYTEST[@]}" -q -rfEs --tb=short tests/test_reply_slot.py \
+        tests/test_worker.py tests/test_scheduler.py tests/test_protocol.py tests/test_estimators.py ;;
+    slot-legs)  # the same change: the steps of the small cases after, then before (BEFORE_SITE)
+      small="StandardScaler fit_transform 5000x20|SVC(rbf) fit+predict 500x20|LogisticRegression fit+predict 5000x20"
+      small="$small|LinearRegression fit+predict 5000x20"
+      step 170 "$OUT/slot-legs-after.txt" python3 benchmarks/e2e.py --parts profile --only "$small" --out /tmp/legs.json
+      step 170 "$OUT/slot-legs-before.txt" env PYTHONPATH="$BEFORE_SITE:$PYTHONPATH" python3 benchmarks/e2e.py \
+        --parts profile --only "$small" --out /tmp/legs.json ;;
+    slot)  # the same change: the small cases before and after, alternated, ROUNDS times
+      small="StandardScaler fit_transform 5000x20|SVC(rbf) fit+predict 500x20|LogisticRegression fit+predict 5000x20"
+      alternate slot 280 "$small|LinearRegression fit+predict 5000x20" ;;
+    lr1m)  # the same change: LogisticRegression 1M (float32, float64) and PCA 1M before and after, alternated
+      alternate lr1m 100 "LogisticRegression fit 1M|PCA(10) fit_transform 1M" ;;
     table)  # the README's table: every case, three ways, scikit-learn on all cores included
       step 590 "$OUT/e2e-table.txt" python3 benchmarks/e2e.py --parts cases --out "$OUT/e2e-table.json" ;;
     grid-njobs)  # the README's n_jobs rows: the grid with the default worker, 3 repeats

@@ -118,7 +118,8 @@ def _dealer(info, connect=True):
 
 
 class _Link:
-    """One thread's sockets: requests, a monitor of the connection, and (when needed) pings."""
+    """One thread's sockets: requests, a monitor of the connection, and (when needed) pings; and the block of
+    the pool where the worker may watch for this thread's next request (protocol.reply_slot)."""
 
     def __init__(self, info):
         self.info = info
@@ -127,6 +128,16 @@ class _Link:
         self.socket.connect(info.address)  # after the monitor: no event is missed
         self.pinger = None
         self.copies = 0  # ZeroMQ copies of replies already read from the pool, not yet dropped
+        self.request_slot = None  # a pool block this thread keeps (allocated at its first announcement)
+        self.next_token = None  # what the worker watches the request slot for after the last reply, if it does
+
+    def send(self, frames):
+        """Send a request: into the request slot too where the worker watches for it (ZeroMQ carries it
+        always: the worker may have stopped watching; whichever copy comes second is dropped)."""
+        if self.next_token is not None and len(frames) == 2:  # a request whose arrays lie in the pool
+            reply_slot.write(self.request_slot.buffer(), self.next_token, frames)
+        self.next_token = None
+        self.socket.send_multipart(frames, copy=False)
 
     def drop_copies(self):
         """Drop, unread, the ZeroMQ copies of replies taken from the pool that have come (between two
@@ -161,6 +172,8 @@ class _Link:
         for sock in (self.events, self.socket, self.pinger):
             if sock is not None:
                 sock.close(linger=0)
+        if self.request_slot is not None:  # the worker only ever reads it
+            self.request_slot.release()
 
 
 @dataclass
@@ -319,20 +332,32 @@ class Connection:
         link = self._link()
         link.disconnected()  # forget drops that happened before this request
         link.drop_copies()
+        if slot is not None:  # a worker on this host: it may watch for this thread's next request
+            header["next_slot"] = self._request_slot(link)
+        frames = self.session.pack(header, buffers, digests)
         sent = time.monotonic()  # before the send: a send can return after the worker has the message
-        link.socket.send_multipart(self.session.pack(header, buffers, digests), copy=False)
+        link.send(frames)
         reply = self._watch(*slot, header["reply_slot"]["token"], header["id"]) if slot is not None else None
         if reply is not None:
             link.copies += 1  # its ZeroMQ copy is on its way: dropped unread before the next request
             reply, reply_buffers = reply
         else:
             reply, reply_buffers = self._await(link, header["id"], timeout, header["op"])
+        link.next_token = header["next_slot"]["token"] if slot is not None else None  # answered: it watches now
         self._local.timing = (sent, time.monotonic(), reply.get("worker_span"), reply.get("worker_steps"))
         if reply["op"] == "error":
             raise rebuild(reply)
         for module, category, message in reply.get("warnings", ()):
             warnings.warn(message, warning_class(module, category), stacklevel=4)
         return reply, reply_buffers
+
+    def _request_slot(self, link):
+        """``next_slot`` of a request: this thread's request slot and a fresh token for its next request."""
+        if link.request_slot is None:
+            link.request_slot = self.pool.allocate(1)
+        block = link.request_slot
+        return {"segment": block.segment, "offset": block.offset, "nbytes": block.nbytes,
+                "token": reply_slot.new_token()}
 
     def _watch(self, block, seconds, token, msg_id):
         """The reply from the request's reply slot, spinning on its first word for at most ``seconds``;

@@ -20,10 +20,10 @@ from sklearn.preprocessing import StandardScaler
 
 import sklearn_gpu_bridge
 from sklearn_gpu_bridge import GPULogisticRegression, GPUStandardScaler, client
-from sklearn_gpu_bridge.errors import ConfigurationError
+from sklearn_gpu_bridge.errors import ConfigurationError, ProtocolError
 from sklearn_gpu_bridge.protocol import Session, new_id, reply_slot
 
-from .conftest import assert_same
+from .conftest import assert_same, record, wait_until
 
 
 def _frames(*sizes):
@@ -195,3 +195,111 @@ def test_an_unknown_reply_wait_is_refused_before_anything_is_sent(connection):
     with sklearn_gpu_bridge.config_context(reply_wait="busy"):
         with pytest.raises(ConfigurationError, match="reply_wait='busy'"):
             GPUStandardScaler().fit(np.ones((4, 2)))
+
+
+# ---------------------------------------------------------------- requests read from the pool (next_slot)
+
+
+@pytest.fixture
+def watching_worker(tmp_path, monkeypatch):
+    """A worker in this process whose threads watch a request slot for a minute after each reply (unless other
+    work comes): every next request that is written there is read there, however slow the host."""
+    from sklearn_gpu_bridge.connect import read_connection_file
+    from sklearn_gpu_bridge.worker.backends import SklearnBackend
+    from sklearn_gpu_bridge.worker.server import Worker
+
+    monkeypatch.setattr(reply_slot, "WATCH_SECONDS", 60.0)
+    monkeypatch.setattr(client, "SPIN_SECONDS", 60.0)
+    worker = Worker(SklearnBackend(), connection_file=str(tmp_path / "worker.json"), threads=2).start()
+    thread = threading.Thread(target=worker.serve_forever, daemon=True)
+    thread.start()
+    connections = []
+
+    def connect():
+        connections.append(client.Connection(read_connection_file(tmp_path / "worker.json")))
+        return connections[-1]
+
+    yield worker, connect
+    for connection in connections:
+        connection.close()
+    worker.close()
+    thread.join(timeout=10)
+
+
+def _scaled(connection, X):
+    fitted = connection.fit("StandardScaler", {}, "fit_transform", [X], {})
+    return fitted.result
+
+
+def test_the_next_requests_are_read_from_the_request_slot_and_their_zeromq_copies_dropped(watching_worker):
+    worker, connect = watching_worker
+    connection = connect()
+    X = np.random.default_rng(3).standard_normal((200, 5)) * 3 + 1
+    with sklearn_gpu_bridge.config_context(reply_wait="spin"):
+        results = [_scaled(connection, X + k) for k in range(6)]
+        fitted = connection.fit("LogisticRegression", {}, "fit", [X, (X[:, 0] > 1).astype(np.int32)], {})
+        proba = connection.call(fitted.handle, "predict_proba", [X], {}, n_classes=2)
+    for k, result in enumerate(results):
+        assert_same(result, StandardScaler().fit_transform(X + k))
+    assert_same(proba, LogisticRegression().fit(X, (X[:, 0] > 1).astype(np.int32)).predict_proba(X))
+    # every request but the first was written into the slot; the worker's reader may still take the ZeroMQ
+    # copy first (threads of one process here), and then the slot's copy is the one dropped
+    taken = worker.counts["from_slot"]
+    record("request_slot", taken_from_slot=taken, of=7)
+    assert 1 <= taken <= 7
+    assert wait_until(lambda: worker.counts["second_copies"] >= taken, 10)  # the other copy of each, dropped
+    assert not worker.session.refused, worker.session.refused  # none of them counted as a replay
+    assert worker.counts["fit"] + worker.counts["call"] == 8  # each request ran once
+
+
+def test_a_request_slot_that_does_not_verify_costs_only_the_wait_for_its_zeromq_copy(watching_worker):
+    """Bytes written over the request (a torn write, a forgery, another key) are refused; ZeroMQ's copy answers."""
+    worker, connect = watching_worker
+    connection = connect()
+    X = np.random.default_rng(4).standard_normal((50, 3))
+    with sklearn_gpu_bridge.config_context(reply_wait="spin"):
+        _scaled(connection, X)
+        link = connection._link()
+        forged = Session(b"k" * 32).pack({"op": "call", "id": new_id(), "client": connection.client_id})
+        assert reply_slot.write(link.request_slot.buffer(), link.next_token, forged)
+        assert wait_until(lambda: worker.session.refused["bad_signature"] == 1, 10)
+        assert_same(_scaled(connection, X + 1), StandardScaler().fit_transform(X + 1))  # through ZeroMQ
+    assert worker.counts["from_slot"] == 0 and worker.counts["fit"] == 2
+
+
+def test_a_request_slot_holding_another_clients_request_is_not_run_for_its_owner(watching_worker):
+    """A key holder that writes a victim's request (its client id, a handle of its own) into its own slot gets
+    it refused: a request read from a slot is run only as the slot's owner's."""
+    worker, connect = watching_worker
+    victim, hostile = connect(), connect()
+    X = np.random.default_rng(5).standard_normal((60, 4)) * 2
+    with sklearn_gpu_bridge.config_context(reply_wait="spin"):
+        handle = victim.fit("StandardScaler", {}, "fit", [X], {}).handle
+        _scaled(hostile, X)
+        link = hostile._link()
+        stolen = hostile.session.pack({"op": "call", "id": new_id(), "client": victim.client_id, "handle": handle,
+                                       "method": "transform", "payload": {"args": [], "kwargs": {}}})
+        assert reply_slot.write(link.request_slot.buffer(), link.next_token, stolen)
+        assert wait_until(lambda: worker.session.refused["slot_not_owner"] == 1, 10)
+        assert worker.counts["call"] == 0  # nothing ran
+        assert_same(victim.call(handle, "transform", [X], {}), StandardScaler().fit(X).transform(X))
+
+
+def test_a_request_slot_in_a_pool_its_client_did_not_attach_is_not_watched(watching_worker):
+    """A key holder that names a victim's request slot (its pool, its block, even its next token) as its own
+    ``next_slot`` gets an error, and no thread watches that block for it: the victim's next request is never
+    read on the key holder's behalf (it would be refused as not the owner's, and counted), and is answered."""
+    worker, connect = watching_worker
+    victim, hostile = connect(), connect()
+    X = np.random.default_rng(6).standard_normal((40, 3)) + 2
+    with sklearn_gpu_bridge.config_context(reply_wait="spin"):
+        _scaled(victim, X)
+        link = victim._link()
+        block = link.request_slot
+        slot = {"segment": block.segment, "offset": block.offset, "nbytes": block.nbytes, "token": link.next_token}
+        with pytest.raises(ProtocolError, match="did not attach"):
+            hostile._roundtrip({"op": "echo", "pool": victim.pool.name, "next_slot": slot,
+                                "payload": {"args": [], "kwargs": {}}})
+        assert_same(_scaled(victim, X * 3), StandardScaler().fit_transform(X * 3))
+    assert not worker.session.refused, worker.session.refused
+    assert worker.counts["fit"] == 2

@@ -39,8 +39,9 @@ class FairQueue:
     running it out of memory.
     """
 
-    def __init__(self, run, threads=1, max_queued=64, cost=None, budget=None):
+    def __init__(self, run, threads=1, max_queued=64, cost=None, budget=None, after=None):
         self.run = run
+        self.after = after  # after(item): called on the thread that ran item, once it no longer counts as running
         self.max_queued = max_queued
         self.cost = cost if budget else None
         self.budget = budget
@@ -78,7 +79,8 @@ class FairQueue:
     def submit(self, client, item):
         """Queue ``item`` for ``client``; False if the client already has ``max_queued`` waiting.
 
-        Once a thread leads (:meth:`lead_with`), only ``lead`` submits: it runs or hands on what it queued.
+        Once a thread leads (:meth:`lead_with`), only ``lead`` and ``after`` submit: the reader runs or hands
+        on what it queued, and ``after``'s thread takes the next request itself once it returns.
         """
         with self._ready:
             queue = self._queues.get(client)
@@ -109,6 +111,10 @@ class FairQueue:
     def waiting(self):
         with self._ready:
             return sum(len(q) for q in self._queues.values())
+
+    def idle(self):
+        """Whether no request runs or waits (a look without the lock: it may be out of date at once)."""
+        return not self.running and not self._queues
 
     def close(self, wait=5.0):
         """Drop what waits and end the threads once their requests are done; returns once no thread is in
@@ -202,3 +208,8 @@ class FairQueue:
                     self.running -= 1
                     self.in_use -= cost
                     self._ready.notify_all()
+            if self.after is not None:
+                try:
+                    self.after(item)
+                except Exception:  # noqa: BLE001 - a bug must not kill the thread that serves everyone
+                    log.exception("a request's follow-up failed in the scheduler")

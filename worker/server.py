@@ -62,7 +62,7 @@ from sklearn_gpu_bridge.protocol import (
     to_plain,
 )
 from sklearn_gpu_bridge.protocol import reply_slot
-from sklearn_gpu_bridge.protocol.session import StaleMessage
+from sklearn_gpu_bridge.protocol.session import Duplicate, StaleMessage
 from sklearn_gpu_bridge.shm import default_directory
 
 from .cache import ArrayCache
@@ -163,7 +163,7 @@ class Worker:
         self.array_cache = ArrayCache(cache_bytes) if cache_bytes > 0 else None
         self.queue = FairQueue(self._work, threads=threads, max_queued=max_queued,
                                cost=lambda item: DEVICE_MEMORY_FACTOR * _input_bytes(item[1]),
-                               budget=backend.memory_budget())
+                               budget=backend.memory_budget(), after=self._follow)
         pool_dirs = list(dict.fromkeys([*pool_dirs, default_directory(), tempfile.gettempdir()]))
         self.pinning = backend.host_pinning()
         self.clients = Clients(self.handles, self.array_cache, pool_dirs, float(client_timeout or 0),
@@ -336,17 +336,27 @@ class Worker:
         if frames is None:
             self._log_dropped(ProtocolError(f"a message of more than {MAX_FRAMES} frames"))
             return
-        identity, frames = frames[0], frames[1:]
+        return self._accept(frames[0], frames[1:], arrived)
+
+    def _accept(self, identity, frames, arrived, owner=None):
+        """Answer, drop, or queue as work (True) a message's frames; ``owner``: they were read from that
+        client's request slot (:meth:`_follow`), and must be that client's request."""
         stamps = [("arrived", arrived)]
-        try:
-            header, buffers = self.session.unpack(frames, check_buffers=False)  # digests: on the work thread
+        try:  # digests: on the work thread
+            header, buffers = self.session.unpack(frames, check_buffers=False, slot_of=owner)
         except StaleMessage as exc:  # signed, but not for now: say why (clocks that differ are a setup error)
             self._log_dropped(exc)
-            self._reply(identity, self._error_reply({}, exc))
+            if owner is None:  # from a slot: its ZeroMQ copy is as stale, and says so
+                self._reply(identity, self._error_reply({}, exc))
+            return
+        except Duplicate:  # the second of a request's two copies (ZeroMQ, its request slot)
+            self.counts["second_copies"] += 1
             return
         except ProtocolError as exc:
             self._log_dropped(exc)
             return
+        if owner is not None:
+            self.counts["from_slot"] += 1
         op = header["op"]
         self.counts[op if op in WORK_OPS or op in QUICK_OPS else "unknown"] += 1
         client = header.get("client")
@@ -375,6 +385,39 @@ class Worker:
             self._reply(identity, self._handle(header, buffers))
         else:
             self._reply(identity, self._error_reply(header, ProtocolError(f"unknown operation {op!r}")))
+
+    def _follow(self, item):
+        """After a reply: watch the block its request named as ``next_slot`` for the client's next request,
+        while no other request runs or waits, for up to ``reply_slot.WATCH_SECONDS`` (protocol.reply_slot).
+
+        The block must lie in the pool its client attached. What is found there is only a copy of what the
+        client sends through ZeroMQ: it is read as any message (:meth:`_accept`), and anything wrong with it
+        costs that client the wait for its ZeroMQ copy, nothing more.
+        """
+        identity, header = item[0], item[1]
+        slot, client = header.get("next_slot"), header.get("client")
+        if not isinstance(slot, dict) or header.get("pool") is None or not reply_slot.is_token(slot.get("token")):
+            return
+        nbytes = slot.get("nbytes")
+        if type(nbytes) is not int or not 2 * reply_slot.WORD <= nbytes <= reply_slot.REQUEST_SLOT_MAX:
+            return
+        try:
+            attachment = self.clients.attachment(client, header["pool"])
+            if attachment is None or attachment.kind != "memfd":
+                return
+            memory = attachment.read(slot.get("segment"), slot.get("offset"), nbytes)
+        except ProtocolError:  # PoolError included; the client was freed meanwhile
+            return
+        token, state = slot["token"], reply_slot.state_word(memory)
+        deadline = time.monotonic() + reply_slot.WATCH_SECONDS
+        while state[0] != token:
+            if state[0] == -token or time.monotonic() > deadline or self._stopping.is_set() or not self.queue.idle():
+                return
+            os.sched_yield()
+        arrived = time.monotonic()
+        frames = reply_slot.read(memory)
+        if frames is not None:
+            self._accept(identity, frames, arrived, owner=client)
 
     def _cancel(self, client):
         """Drop the work a freed client still has waiting: it never runs, and its replies would reach no one."""

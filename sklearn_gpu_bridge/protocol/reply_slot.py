@@ -18,6 +18,16 @@ complete, ``-token`` when they do not fit (stop spinning: ZeroMQ has them).
 The frames are the signed message itself, checked as any reply is: a read
 that raced the writes (stores seen out of order) fails the signature and the
 ZeroMQ copy is used.
+
+The same layout carries requests the other way (``next_slot``): a request
+names a block of the pool that its thread keeps, and a token; after the
+reply, the worker's thread watches that block for up to ``WATCH_SECONDS``
+while it has nothing else to do, and the client writes its next request
+there (``token`` last) before it sends it through ZeroMQ. A fit+predict pair's
+second call then reaches a worker thread that is awake, without a ZeroMQ I/O
+thread or a sleeping reader between them. The worker reads the message as it
+reads any (signature, time, replay, and the client must be the block's
+owner); whichever of the two copies comes second is dropped as a duplicate.
 """
 
 import secrets
@@ -27,6 +37,10 @@ import numpy as np
 WORD = 8
 MAX_FRAMES = 1024  # a reply's frames: the signature, the header, and its arrays' frames
 TOKEN_LIMIT = 1 << 62  # tokens lie in [1, TOKEN_LIMIT): they and their negatives fit an int64
+#: seconds a worker thread watches a request slot after its reply: a pair's second call comes within a
+#: millisecond of the first's reply; a thread watches only while no other request runs or waits
+WATCH_SECONDS = 0.003
+REQUEST_SLOT_MAX = 1 << 20  # bytes: a longer request slot is not watched (a block of the pool is 1 MiB)
 
 
 def new_token():

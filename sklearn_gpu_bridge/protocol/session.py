@@ -45,6 +45,7 @@ MAX_SKEW = 300.0  # seconds a message's time may be from the worker's clock
 REMEMBER = 1 << 20  # signatures a worker keeps to refuse replays (those older than 2 x MAX_SKEW go first)
 MAX_HEADER = 16 << 20  # bytes: a longer header is refused before its signature is computed
 DIGEST_THREADS_FROM = 1 << 20  # bytes: from this size a buffer is hashed on all cores
+SECOND_WAY_REMEMBERED = 4096  # messages taken from request slots whose ZeroMQ copies are still to come
 PLAIN_TYPES = (type(None), bool, int, float, str, bytes)
 
 # The opcodes that build plain values. Left out on purpose: globals, calls and
@@ -139,6 +140,10 @@ class StaleMessage(ProtocolError):
     """A signed message whose time is too far from the worker's clock: a replay, or clocks that differ."""
 
 
+class Duplicate(ProtocolError):
+    """A message already taken the other way (a request sent through its request slot and through ZeroMQ)."""
+
+
 class Session:
     """Signs outgoing messages and checks incoming ones, as jupyter_client does.
 
@@ -159,6 +164,8 @@ class Session:
         self._floor = float("-inf")  # messages older than this are refused: their signatures were forgotten
         self.refused = Counter()
         self._count_lock = threading.Lock()  # refusals are counted from the worker's loop and its threads
+        self._seen_lock = threading.Lock()  # a request may be read twice at once (socket, request slot)
+        self._second_way = {}  # signatures of messages taken from a request slot, whose ZeroMQ copy may come
 
     def sign(self, header_bytes):
         return hmac.new(self._key, header_bytes, hashlib.sha256).hexdigest().encode()
@@ -177,11 +184,14 @@ class Session:
         header_bytes = dumps_header(header)
         return [self.sign(header_bytes), header_bytes, *buffers]
 
-    def unpack(self, frames, check_buffers=True):
+    def unpack(self, frames, check_buffers=True, slot_of=None):
         """Inverse of :meth:`pack`: check the signature, THEN unpickle the header, then the buffers' digests.
 
         ``check_buffers=False`` leaves the digests to :meth:`check_buffers` (the worker checks them on an
-        executor thread, so that hashing a large frame never holds up its loop).
+        executor thread, so that hashing a large frame never holds up its loop). ``slot_of``: the message
+        was read from the request slot (protocol.reply_slot) of this client, whose request it must be; its
+        client sent it through ZeroMQ too, and whichever copy comes second is refused as :class:`Duplicate`,
+        not counted as a replay.
         """
         if len(frames) < 2:
             self._refuse("truncated", "a message needs a signature and a header")
@@ -192,15 +202,19 @@ class Session:
         header_bytes = raw_bytes(header_bytes)
         if not hmac.compare_digest(signature, self.sign(header_bytes)):
             self._refuse("bad_signature", "message signature does not match the key")
+        if self._second_way and self._take_second_copy(signature):  # before the header is read: it was
+            raise Duplicate("message was taken already from its request slot")
         try:  # a worker (``me``) checks every opcode its clients send; a client trusts its worker that far
             header = loads_header(header_bytes, check_opcodes=self.me is not None)
         except ProtocolError as exc:
             self._refuse("malformed", str(exc))
         if not isinstance(header, dict) or not isinstance(header.get("op"), str):
             self._refuse("malformed", "header must be a dict with an 'op'")
+        if slot_of is not None and header.get("client") != slot_of:  # refused before it is remembered: its
+            self._refuse("slot_not_owner", "a request slot held another client's request")  # ZeroMQ copy is read
         if self.me is not None:
             self._check_fresh(header)
-            self._remember(signature, header["time"])
+            self._remember(signature, header["time"], second_way=slot_of is not None)
         buffers = list(frames[2:])
         digests = header.get("digests", [])
         if not isinstance(digests, list) or len(digests) != len(buffers):
@@ -215,20 +229,32 @@ class Session:
             if not isinstance(digest, str) or not hmac.compare_digest(digest, buffer_digest(frame_buffer(buffer))):
                 self._refuse("bad_digest", "a buffer does not match its digest in the signed header")
 
-    def _remember(self, signature, sent):
+    def _take_second_copy(self, signature):
+        """Whether this is the ZeroMQ copy of a message taken from its request slot (forgotten then)."""
+        with self._seen_lock:
+            return self._second_way.pop(int(signature[:32], 16), False) is None
+
+    def _remember(self, signature, sent, second_way=False):
         """Refuse a signature seen before; remember this one as long as its message could come again."""
         seen = int(signature[:32], 16)  # 128 bits of the checked signature: a third of the memory
-        if seen in self._seen:
-            self._refuse("replayed", "message was seen before (replay)")
-        now = time.time()
-        self._seen.add(seen)
-        self._order.append((seen, now, sent))
-        horizon = now - 2 * self.max_skew  # first seen before this: its time is too old by now anyway
-        while self._order and (self._order[0][1] < horizon or len(self._order) > self._capacity):
-            forgotten, _, forgotten_sent = self._order.popleft()
-            self._seen.discard(forgotten)
-            if len(self._order) >= self._capacity:  # forgotten early: nothing as old is taken from now on
-                self._floor = max(self._floor, forgotten_sent)
+        with self._seen_lock:  # looked up and added in one step: two threads never both take one message
+            if seen in self._seen:
+                if second_way or self._second_way.pop(seen, False) is None:
+                    raise Duplicate("message was taken already, the other way it was sent")
+                self._refuse("replayed", "message was seen before (replay)")
+            if second_way:
+                self._second_way[seen] = None
+                if len(self._second_way) > SECOND_WAY_REMEMBERED:  # copies that never came: the oldest go
+                    del self._second_way[next(iter(self._second_way))]
+            now = time.time()
+            self._seen.add(seen)
+            self._order.append((seen, now, sent))
+            horizon = now - 2 * self.max_skew  # first seen before this: its time is too old by now anyway
+            while self._order and (self._order[0][1] < horizon or len(self._order) > self._capacity):
+                forgotten, _, forgotten_sent = self._order.popleft()
+                self._seen.discard(forgotten)
+                if len(self._order) >= self._capacity:  # forgotten early: nothing as old is taken from now on
+                    self._floor = max(self._floor, forgotten_sent)
 
     def _check_fresh(self, header):
         if header.get("to") != self.me:
