@@ -13,7 +13,10 @@ file descriptor, never inside the socket, so the socket moves between
 threads with a full memory barrier, as ZeroMQ allows. So the worker still
 answers ``ping`` while a long fit runs: that is how a client tells "busy"
 from "dead". The reader also sweeps silent clients; the thread that called
-:meth:`Worker.serve_forever` watches the parent. Which op is which is the protocol's
+:meth:`Worker.serve_forever` watches the parent. A thread that has answered a
+request of a client on this host then watches that client's request slot for
+a moment, while it has nothing else to do (:meth:`Worker._follow`): the next
+request may come that way, past the sleeping reader. Which op is which is the protocol's
 catalogue (:data:`sklearn_gpu_bridge.protocol.OPS`); each has a method
 ``_op_<name>`` here.
 
