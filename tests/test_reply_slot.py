@@ -96,16 +96,18 @@ def test_threads_that_spin_each_get_their_own_replies(connection, spin_long):
 
     def run(i):
         try:
-            with sklearn_gpu_bridge.config_context(reply_wait="spin"):
-                results[i] = [connection.echo(data[i] + k)[0] for k in range(20)]
+            results[i] = [connection.echo(data[i] + k)[0] for k in range(20)]
         except Exception as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
+    # set once, around the threads: config_context saves and restores the process's settings, so threads
+    # that each entered it could leave "spin" set for every later test
+    with sklearn_gpu_bridge.config_context(reply_wait="spin"):
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
     assert not errors, errors
     for i in range(4):
         for k, echoed in enumerate(results[i]):

@@ -398,20 +398,17 @@ class Worker:
         costs that client the wait for its ZeroMQ copy, nothing more.
         """
         identity, header = item[0], item[1]
-        slot, client = header.get("next_slot"), header.get("client")
-        if not isinstance(slot, dict) or header.get("pool") is None or not reply_slot.is_token(slot.get("token")):
-            return
-        nbytes = slot.get("nbytes")
+        nbytes = header["next_slot"].get("nbytes") if isinstance(header.get("next_slot"), dict) else None
         if type(nbytes) is not int or not 2 * reply_slot.WORD <= nbytes <= reply_slot.REQUEST_SLOT_MAX:
             return
         try:
-            attachment = self.clients.attachment(client, header["pool"])
-            if attachment is None or attachment.kind != "memfd":
-                return
-            memory = attachment.read(slot.get("segment"), slot.get("offset"), nbytes)
+            found = self._slot_block(header, "next_slot")
         except ProtocolError:  # PoolError included; the client was freed meanwhile
             return
-        token, state = slot["token"], reply_slot.state_word(memory)
+        if found is None:
+            return
+        token, memory = found
+        state = reply_slot.state_word(memory)
         deadline = time.monotonic() + reply_slot.WATCH_SECONDS
         while state[0] != token:
             if state[0] == -token or time.monotonic() > deadline or self._stopping.is_set() or not self.queue.idle():
@@ -420,7 +417,18 @@ class Worker:
         arrived = time.monotonic()
         frames = reply_slot.read(memory)
         if frames is not None:
-            self._accept(identity, frames, arrived, owner=client)
+            self._accept(identity, frames, arrived, owner=header["client"])
+
+    def _slot_block(self, header, name):
+        """(token, memory) of the block that ``header[name]`` (a reply or request slot) names in the memfd pool
+        its client attached; None where it names none that way. A range outside the pool: ProtocolError."""
+        slot = header.get(name)
+        if not isinstance(slot, dict) or header.get("pool") is None or not reply_slot.is_token(slot.get("token")):
+            return None
+        attachment = self.clients.attachment(header["client"], header["pool"])
+        if attachment is None or attachment.kind != "memfd":
+            return None
+        return slot["token"], attachment.output(slot.get("segment"), slot.get("offset"), slot.get("nbytes")).memory
 
     def _cancel(self, client):
         """Drop the work a freed client still has waiting: it never runs, and its replies would reach no one."""
@@ -504,18 +512,10 @@ class Worker:
         The range is validated as any pool range; a slot this worker cannot use is passed over (the reply
         still goes through ZeroMQ): a client that names a bad one only waits longer for its own reply.
         """
-        slot = header.get("reply_slot")
-        if not isinstance(slot, dict) or header.get("pool") is None:
-            return
-        token = slot.get("token")
-        if not reply_slot.is_token(token):
-            return
         try:
-            attachment = self.clients.attachment(header["client"], header["pool"])
-            if attachment is None or attachment.kind != "memfd":
-                return
-            target = attachment.output(slot.get("segment"), slot.get("offset"), slot.get("nbytes"))
-            reply_slot.write(target.memory, token, frames)
+            found = self._slot_block(header, "reply_slot")
+            if found is not None:
+                reply_slot.write(found[1], found[0], frames)
         except ProtocolError as exc:  # PoolError included; the client was freed meanwhile
             log.debug("a reply slot was passed over: %s", exc)
         except Exception:  # noqa: BLE001 - a bug here must not keep the reply from going through ZeroMQ

@@ -202,8 +202,8 @@ class Session:
         header_bytes = raw_bytes(header_bytes)
         if not hmac.compare_digest(signature, self.sign(header_bytes)):
             self._refuse("bad_signature", "message signature does not match the key")
-        if self._second_way and self._take_second_copy(signature):  # before the header is read: it was
-            raise Duplicate("message was taken already from its request slot")
+        if slot_of is None and self._second_way and self._take_second_copy(signature):  # the ZeroMQ copy of
+            raise Duplicate("message was taken already from its request slot")  # one read from a slot: unread
         try:  # a worker (``me``) checks every opcode its clients send; a client trusts its worker that far
             header = loads_header(header_bytes, check_opcodes=self.me is not None)
         except ProtocolError as exc:
@@ -229,14 +229,18 @@ class Session:
             if not isinstance(digest, str) or not hmac.compare_digest(digest, buffer_digest(frame_buffer(buffer))):
                 self._refuse("bad_digest", "a buffer does not match its digest in the signed header")
 
+    @staticmethod
+    def _seen_key(signature):
+        return int(signature[:32], 16)  # 128 bits of the checked signature: a third of the memory
+
     def _take_second_copy(self, signature):
         """Whether this is the ZeroMQ copy of a message taken from its request slot (forgotten then)."""
         with self._seen_lock:
-            return self._second_way.pop(int(signature[:32], 16), False) is None
+            return self._second_way.pop(self._seen_key(signature), False) is None
 
     def _remember(self, signature, sent, second_way=False):
         """Refuse a signature seen before; remember this one as long as its message could come again."""
-        seen = int(signature[:32], 16)  # 128 bits of the checked signature: a third of the memory
+        seen = self._seen_key(signature)
         with self._seen_lock:  # looked up and added in one step: two threads never both take one message
             if seen in self._seen:
                 if second_way or self._second_way.pop(seen, False) is None:

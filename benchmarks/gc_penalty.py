@@ -1,0 +1,76 @@
+"""What a full garbage collection before each call costs the bridge, against the same call in process.
+
+    python benchmarks/gc_penalty.py [--backend sklearn] [--calls 100] [--out results/...json]
+
+``e2e.py`` times each run after a ``gc.collect()`` (so that no collection
+falls inside a timed run). A full collection walks every object of the
+process and leaves the caches cold; the bridge's path, Python in two
+processes, may pay more for that than the estimator in process. Here each
+small case runs ``--calls`` times three ways, in process (the worker
+backend's class: scikit-learn's or cuML's) and bridged: back to back, after
+``gc.collect()``, and after a sleep of 20 ms (an idle pause of about a
+collection's length, without the walk). Medians in ms.
+"""
+
+import argparse
+import gc
+import json
+import time
+
+import numpy as np
+
+import sklearn_gpu_bridge
+from e2e import CASES, WorkerProcess, cuml_class, make_data
+
+SMALL = ("StandardScaler fit_transform 5000x20", "LogisticRegression fit+predict 5000x20")
+MODES = ("back to back", "after gc.collect()", "after 20 ms asleep")
+
+
+def timed(run, mode, calls):
+    for _ in range(5):
+        run()
+    times = []
+    for _ in range(calls):
+        if mode == MODES[1]:
+            gc.collect()
+        elif mode == MODES[2]:
+            time.sleep(0.02)
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times)) * 1e3
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", choices=("sklearn", "cuml"), default="sklearn")
+    parser.add_argument("--calls", type=int, default=100)
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    worker = WorkerProcess(args.backend)
+    sklearn_gpu_bridge.set_config(connection_file=str(worker.connection_file), start_local_worker=False)
+    rows = []
+    try:
+        for case in (c for c in CASES if c.name in SMALL):
+            X, y = make_data(case)
+            local = (lambda c=case: c.sklearn(**c.params)) if args.backend == "sklearn" else \
+                (lambda c=case: cuml_class(c.cuml)(**c.params))
+            ways = {"in process": local, "bridge": lambda c=case: getattr(sklearn_gpu_bridge, c.bridge)(**c.params)}
+            row = {"case": case.name}
+            for mode in MODES:
+                for way, make in ways.items():
+                    row[f"{way}, {mode}"] = timed(lambda m=make, c=case: c.run(m(), X, y), mode, args.calls)
+            start = time.perf_counter()
+            gc.collect()
+            row["gc.collect() ms"] = (time.perf_counter() - start) * 1e3
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    finally:
+        worker.stop()
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"backend": args.backend, "calls": args.calls, "cases": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
