@@ -258,6 +258,20 @@ for stage in "$@"; do
       alternate slot 280 "$small|LinearRegression fit+predict 5000x20" ;;
     lr1m)  # the same change: LogisticRegression 1M (float32, float64) and PCA 1M before and after, alternated
       alternate lr1m 100 "LogisticRegression fit 1M|PCA(10) fit_transform 1M" ;;
+    short-tests)  # issue 15, 2026-11-25 (fifth session): plain arrays validated the short way on the client, the
+      # header's opcodes stepped over rather than decoded on the worker; the cuML tests of bad input, the protocol
+      # (and the fourth session's mends to it), the request slots, the estimators and every class's checks
+      step 300 "$OUT/pytest-cuml-short.txt" "${PYTEST[@]}" -q -rfEs --tb=short tests/test_bad_input.py \
+        tests/test_protocol.py tests/test_reply_slot.py tests/test_estimators.py
+      step 240 "$OUT/pytest-cuml-short-checks.txt" "${PYTEST[@]}" -q -rfEs --tb=short tests/test_estimator_checks.py ;;
+    short)  # the same change: the small cases before (BEFORE_SITE) and after, alternated, ROUNDS times
+      small="StandardScaler fit_transform 5000x20|SVC(rbf) fit+predict 500x20|LogisticRegression fit+predict 5000x20"
+      alternate short 280 "$small|LinearRegression fit+predict 5000x20" ;;
+    short-legs)  # the same change: the steps of the small cases after, then before (BEFORE_SITE)
+      small="StandardScaler fit_transform 5000x20|SVC(rbf) fit+predict 500x20|LogisticRegression fit+predict 5000x20"
+      step 170 "$OUT/short-legs-after.txt" python3 benchmarks/e2e.py --parts profile --only "$small" --out /tmp/legs.json
+      step 170 "$OUT/short-legs-before.txt" env PYTHONPATH="$BEFORE_SITE:$PYTHONPATH" python3 benchmarks/e2e.py \
+        --parts profile --only "$small" --out /tmp/legs.json ;;
     table)  # the README's table: every case, three ways, scikit-learn on all cores included
       step 590 "$OUT/e2e-table.txt" python3 benchmarks/e2e.py --parts cases --out "$OUT/e2e-table.json" ;;
     grid-njobs)  # the README's n_jobs rows: the grid with the default worker, 3 repeats

@@ -438,3 +438,83 @@ def test_a_large_query_turned_sparse_is_checked_before_it_is_sent(connection):
         model.kneighbors(Q)
     assert _message(got.value, "GPUNearestNeighbors", "NearestNeighbors") == str(expected.value)
     assert "call" not in _sent(connection, before)
+
+
+# ---------------------------------------------------------------- plain input: the short way of validating
+
+_RNG = np.random.default_rng(11)
+_X32 = _RNG.standard_normal((40, 4)).astype(np.float32)
+_X64 = _RNG.standard_normal((40, 4))
+_LABELS = (_X64[:, 0] > 0).astype(np.int64)
+_WITH_NAN, _WITH_INF = _X64.copy(), _X64.copy()
+_WITH_NAN[3, 1], _WITH_INF[5, 2] = np.nan, np.inf
+
+# (name, estimator, X, y or None, taken the short way); each also against a model fitted on a DataFrame
+SHORT_WAY = [
+    ("scaler float32", GPUStandardScaler, _X32, None, True),
+    ("scaler float64 Fortran order", GPUStandardScaler, np.asfortranarray(_X64), None, True),
+    ("scaler 3 features of 4", GPUStandardScaler, _X64[:, :3], None, True),
+    ("scaler NaN (allowed)", GPUStandardScaler, _WITH_NAN, None, False),
+    ("scaler inf", GPUStandardScaler, _WITH_INF, None, False),
+    ("logistic int labels", GPULogisticRegression, _X64, _LABELS, True),
+    ("logistic float labels", GPULogisticRegression, _X32, _LABELS.astype(np.float32), True),
+    ("linear float target", sklearn_gpu_bridge.GPULinearRegression, _X64, _X64[:, 1].copy(), True),
+    ("logistic NaN in X", GPULogisticRegression, _WITH_NAN, _LABELS, False),
+    ("linear NaN in y", sklearn_gpu_bridge.GPULinearRegression, _X64, np.where(_LABELS, np.nan, 1.0), False),
+    ("logistic y a column", GPULogisticRegression, _X64, _LABELS[:, None], False),
+    ("logistic y too short", GPULogisticRegression, _X64, _LABELS[:-1], False),
+    ("logistic string labels", GPULogisticRegression, _X64, np.where(_LABELS, "a", "b"), False),
+    ("scaler int X", GPUStandardScaler, _LABELS.reshape(-1, 4), None, False),
+    ("scaler 1-D X", GPUStandardScaler, _X64[:, 0], None, False),
+    ("scaler no rows", GPUStandardScaler, _X64[:0], None, False),
+    ("scaler a list", GPUStandardScaler, _X64.tolist(), None, False),
+    ("scaler a matrix", GPUStandardScaler, np.asmatrix(_X64), None, False),
+]
+
+
+def _settings(estimator, reset):
+    from sklearn.base import is_regressor
+
+    return {"accept_sparse": estimator._sparse_fit, **estimator._validation, "reset": reset,
+            **({"y_numeric": True} if is_regressor(estimator) else {})}
+
+
+def _validated_by_scikit_learn(estimator, X, y, reset):
+    from sklearn.utils.validation import validate_data
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            out = validate_data(estimator, X, **({} if y is None else {"y": y}), **_settings(estimator, reset))
+        except (ValueError, TypeError) as exc:
+            return exc, caught
+    return out, caught
+
+
+@pytest.mark.parametrize("name, Estimator, X, y, short", SHORT_WAY, ids=[case[0] for case in SHORT_WAY])
+@pytest.mark.parametrize("before, reset", [("new", True), ("fitted on an array", True), ("fitted on an array", False),
+                                           ("fitted on a DataFrame", True), ("fitted on a DataFrame", False)])
+def test_plain_input_is_validated_the_short_way_as_validate_data_would(name, Estimator, X, y, short, before, reset):
+    """The short way (``_plain_validation``) takes the plain arrays it claims, and then returns what
+    ``validate_data`` returns (the same arrays, not copies) and leaves the estimator as it would; everything
+    else, and everything that would raise or warn, it leaves to ``validate_data``."""
+    import pandas as pd
+
+    from sklearn_gpu_bridge.estimators.base import _NO_X, _plain_validation
+
+    short_way, long_way = Estimator(), Estimator()
+    for estimator in (short_way, long_way):
+        if before != "new":
+            fitted_on = _X64 if before == "fitted on an array" else pd.DataFrame(_X64, columns=list("abcd"))
+            estimator._validate(fitted_on, *([] if y is None else [_LABELS]))
+    expected, warned = _validated_by_scikit_learn(long_way, X, y, reset)
+    got = _plain_validation(short_way, X, _NO_X if y is None else y, _settings(short_way, reset))
+    takes = short and not warned and not isinstance(expected, Exception) and (reset or before != "fitted on a DataFrame")
+    assert (got is not None) == takes
+    if got is None:
+        return
+    for mine, theirs in zip(*((got, expected) if y is not None else ((got,), (expected,)))):
+        assert mine is X or mine is y
+        assert mine.dtype == theirs.dtype and np.array_equal(mine, theirs, equal_nan=True)
+    assert short_way.n_features_in_ == long_way.n_features_in_
+    assert hasattr(short_way, "feature_names_in_") == hasattr(long_way, "feature_names_in_")

@@ -6,8 +6,11 @@ through the client and through a raw DEALER socket that sends descriptors the
 client would never write.
 """
 
+import io
 import os
 import pickle
+import pickletools
+import random
 import time
 
 import numpy as np
@@ -16,7 +19,9 @@ import zmq
 
 import sklearn_gpu_bridge
 from sklearn_gpu_bridge.errors import ProtocolError
-from sklearn_gpu_bridge.protocol import DTYPES, INLINE_MAX, Decoder, Encoder, Session, loads_header, new_id
+from sklearn_gpu_bridge.protocol import (
+    DTYPES, INLINE_MAX, Decoder, Encoder, Session, dumps_header, loads_header, new_id,
+)
 from sklearn_gpu_bridge.protocol.session import StaleMessage
 from sklearn_gpu_bridge.shm import Pool, PoolAttachment, PoolError
 
@@ -211,6 +216,78 @@ def test_signed_header_with_a_global_is_refused_and_nothing_runs(tmp_path, name)
     with pytest.raises(ProtocolError):
         loads_header(header_bytes)
     assert not marker.exists()
+
+
+def _memo_pickles():
+    """Headers that name no global but refer back to what they built (written opcode by opcode)."""
+    start = b"\x80\x05}\x8c\x02op\x8c\x04pings\x8c\x01x"  # {"op": "ping", "x": ...
+    return {
+        "list-that-holds-itself": start + b"]\x94h\x00as.",  # [], MEMOIZE, BINGET 0, APPEND
+        "one-list-twice": start + b"]q\x01h\x01\x86s.",  # [], BINPUT 1, BINGET 1, TUPLE2: (l, l)
+        "memo-index-2**24": start + b"Nr\x00\x00\x00\x01s.",  # None, LONG_BINPUT 2**24: a 256 MiB memo
+    }
+
+
+def test_memo_pickles_really_would_load():
+    """Without the opcode scan the unpickler that refuses globals takes them: the refusals below mean something."""
+    from sklearn_gpu_bridge.protocol.session import _PlainUnpickler
+
+    header = _PlainUnpickler(io.BytesIO(_memo_pickles()["list-that-holds-itself"])).load()
+    assert header["x"][0] is header["x"]
+
+
+@pytest.mark.parametrize("name", list(_memo_pickles()))
+def test_signed_header_that_refers_back_is_refused(name):
+    header_bytes = _memo_pickles()[name]
+    sender, receiver = _pair()
+    with pytest.raises(ProtocolError, match="opcode"):
+        receiver.unpack([sender.sign(header_bytes), header_bytes])
+    assert receiver.refused == {"malformed": 1}
+
+
+def _loads_by_genops(data):
+    """The reference for loads_header: pickletools reads every opcode, then the unpickler that refuses globals."""
+    from sklearn_gpu_bridge.protocol.session import PLAIN_OPCODES, _PlainUnpickler
+
+    try:
+        if any(opcode.name not in PLAIN_OPCODES for opcode, _, _ in pickletools.genops(data)):
+            return "refused"
+        return _PlainUnpickler(io.BytesIO(data)).load()
+    except Exception:  # noqa: BLE001 - any failure is a refusal
+        return "refused"
+
+
+def test_the_opcode_scan_takes_what_pickletools_takes():
+    """Mutated headers (bytes flipped, cut, inserted; opcodes that refer back or name globals): loads_header
+    refuses exactly those that a scan by ``pickletools.genops`` refuses, and reads the others alike."""
+    rng = random.Random(7)
+    header = {"op": "fit", "id": new_id(), "params": {"C": 1.5, "k": [1, (2, None)], "w": {0: 2.0}},
+              "big": 2**80, "neg": -(2**40), "b": b"\x00\xff" * 40, "s": "\u00e9" * 90, "t": ()}
+    clean = dumps_header(header)
+    inserts = [b"r\xf0\xff\xff\x3f", b"h\x00", b"q\x01", b"\x94", b"cos\nsystem\n", b"\x93", b"R", b"b",
+               b"\x8b\xff\xff\xff\xff", b"\x8e" + b"\xff" * 8, b"\x95" + b"\x10" + b"\x00" * 7]
+    refused = 0
+    for _ in range(3000):
+        data = bytearray(clean)
+        for _ in range(rng.randint(1, 3)):
+            action = rng.random()
+            if action < 0.4:
+                data[rng.randrange(len(data))] = rng.randrange(256)
+            elif action < 0.6:
+                data = data[: rng.randrange(len(data))]
+            else:
+                at = rng.randrange(len(data) + 1)
+                data[at:at] = rng.choice(inserts)
+        data = bytes(data)
+        expected = _loads_by_genops(data)
+        try:
+            got = loads_header(data)
+        except ProtocolError:
+            got = "refused"
+        assert repr(got) == repr(expected), data  # repr: a flipped float may be NaN
+        refused += got == "refused"
+    assert 0 < refused < 3000
+    assert loads_header(clean) == header
 
 
 # ---------------------------------------------------------------- Encoder / Decoder in process

@@ -119,7 +119,9 @@ class RemoteEstimator(BaseEstimator):
         large = isinstance(X, np.ndarray) and X.dtype.kind == "f" and X.nbytes >= PARALLEL_MIN
         if large and finite:
             settings["ensure_all_finite"] = False
-        out = validate_data(self, X, y, **settings) if y is not _NO_X else validate_data(self, X, **settings)
+        out = _plain_validation(self, X, y, settings)
+        if out is None:
+            out = validate_data(self, X, y, **settings) if y is not _NO_X else validate_data(self, X, **settings)
         if large and finite:
             def on_failure(array, allow_nan=finite == "allow-nan", name=type(self).__name__):
                 assert_all_finite(array, allow_nan=allow_nan, estimator_name=name, input_name="X")
@@ -374,6 +376,44 @@ class RemoteEstimator(BaseEstimator):
             )
         super().__setstate__(state)
 
+
+
+#: ``validate_data`` settings that :func:`_plain_validation` knows how to stand in for
+_PLAIN_SETTINGS = frozenset({"accept_sparse", "dtype", "reset", "y_numeric", "ensure_all_finite"})
+_PLAIN_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _plain_validation(estimator, X, y, settings):
+    """What ``validate_data(estimator, X, y, **settings)`` returns, for the input it would pass unchanged: a
+    2-D float32/float64 ndarray X (and a 1-D ndarray y of numbers) with nothing to convert, complain about
+    or warn of. None for anything else, which then goes to ``validate_data`` itself, for its exact errors
+    and warnings.
+
+    ``validate_data`` spends about 0.1 ms (0.17 ms with y) a call on the 2-core VM finding out that such
+    input is fine: most of it asking narwhals whether X is a dataframe. The checks kept here are the ones
+    that can fail for such input: the number of features against the fit, feature names seen in the fit,
+    NaN and inf (the same one-pass sum scikit-learn tries first).
+    """
+    if (type(X) is not np.ndarray or X.ndim != 2 or X.dtype not in _PLAIN_FLOATS or 0 in X.shape
+            or settings.get("dtype") is not FLOAT_DTYPES or not settings.keys() <= _PLAIN_SETTINGS):
+        return None
+    reset, finite = settings.get("reset", True), settings.get("ensure_all_finite", True)
+    if finite is not True and finite is not False and finite != "allow-nan":
+        return None
+    known = estimator.__dict__
+    if not reset and ("feature_names_in_" in known or known.get("n_features_in_") != X.shape[1]):
+        return None  # names to warn about, or a count to refuse: scikit-learn's words
+    if y is not _NO_X and (type(y) is not np.ndarray or y.ndim != 1 or y.dtype.kind not in "iuf"
+                           or len(y) != len(X) or not y.flags.c_contiguous):
+        return None
+    finite_arrays = ([X] if finite is not False else []) + ([y] if y is not _NO_X and y.dtype.kind == "f" else [])
+    with np.errstate(over="ignore"):  # a finite sum: no NaN, no inf; else scikit-learn looks (NaN may be allowed)
+        if not all(np.isfinite(array.sum()) for array in finite_arrays):
+            return None
+    if reset:
+        known.pop("feature_names_in_", None)
+        estimator.n_features_in_ = X.shape[1]
+    return X if y is _NO_X else (X, y)
 
 
 @functools.lru_cache(maxsize=None)
