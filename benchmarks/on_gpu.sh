@@ -260,10 +260,9 @@ for stage in "$@"; do
       alternate lr1m 100 "LogisticRegression fit 1M|PCA(10) fit_transform 1M" ;;
     short-tests)  # issue 15, 2026-11-25 (fifth session): plain arrays validated the short way on the client, the
       # header's opcodes stepped over rather than decoded on the worker; the cuML tests of bad input, the protocol
-      # (and the fourth session's mends to it), the request slots, the estimators and every class's checks
-      step 300 "$OUT/pytest-cuml-short.txt" "${PYTEST[@]}" -q -rfEs --tb=short tests/test_bad_input.py \
-        tests/test_protocol.py tests/test_reply_slot.py tests/test_estimators.py
-      step 240 "$OUT/pytest-cuml-short-checks.txt" "${PYTEST[@]}" -q -rfEs --tb=short tests/test_estimator_checks.py ;;
+      # (and the fourth session's mends to it), the request slots and the estimators
+      step 240 "$OUT/pytest-cuml-short.txt" "${PYTEST[@]}" -q -rfEs --tb=short tests/test_bad_input.py \
+        tests/test_protocol.py tests/test_reply_slot.py tests/test_estimators.py ;;
     short)  # the same change: the small cases before (BEFORE_SITE) and after, alternated, ROUNDS times
       small="StandardScaler fit_transform 5000x20|SVC(rbf) fit+predict 500x20|LogisticRegression fit+predict 5000x20"
       alternate short 280 "$small|LinearRegression fit+predict 5000x20" ;;
