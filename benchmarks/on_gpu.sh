@@ -271,6 +271,15 @@ for stage in "$@"; do
       step 170 "$OUT/short-legs-after.txt" python3 benchmarks/e2e.py --parts profile --only "$small" --out /tmp/legs.json
       step 170 "$OUT/short-legs-before.txt" env PYTHONPATH="$BEFORE_SITE:$PYTHONPATH" python3 benchmarks/e2e.py \
         --parts profile --only "$small" --out /tmp/legs.json ;;
+    bell)  # the same session, later: a request slot stays armed after the watch, and the client rings the worker's
+      # doorbell (a FIFO its reader polls) when it writes there; StandardScaler (float32, float64) and the
+      # LogisticRegression pair before (BEFORE_SITE) and after, one round each, then their legs after and before
+      small="StandardScaler fit_transform 5000x20|LogisticRegression fit+predict 5000x20"
+      ROUNDS=1 alternate bell 100 "$small"
+      step 60 "$OUT/bell-legs-after.txt" python3 benchmarks/e2e.py --parts profile \
+        --only "StandardScaler fit_transform 5000x20" --out /tmp/legs.json
+      step 60 "$OUT/bell-legs-before.txt" env PYTHONPATH="$BEFORE_SITE:$PYTHONPATH" python3 benchmarks/e2e.py \
+        --parts profile --only "StandardScaler fit_transform 5000x20" --out /tmp/legs.json ;;
     table)  # the README's table: every case, three ways, scikit-learn on all cores included
       step 590 "$OUT/e2e-table.txt" python3 benchmarks/e2e.py --parts cases --out "$OUT/e2e-table.json" ;;
     grid-njobs)  # the README's n_jobs rows: the grid with the default worker, 3 repeats

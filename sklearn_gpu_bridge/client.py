@@ -21,6 +21,7 @@ long fit still answers pings, so it is never mistaken for a dead one.
 import atexit
 import logging
 import os
+import stat
 import subprocess
 import threading
 import time
@@ -131,11 +132,13 @@ class _Link:
         self.request_slot = None  # a pool block this thread keeps (allocated at its first announcement)
         self.next_token = None  # what the worker watches the request slot for after the last reply, if it does
 
-    def send(self, frames):
-        """Send a request: into the request slot too where the worker watches for it (ZeroMQ carries it
-        always: the worker may have stopped watching; whichever copy comes second is dropped)."""
+    def send(self, frames, doorbell=None):
+        """Send a request: into the request slot too where the worker watches for it, or looks when its
+        ``doorbell`` rings (ZeroMQ carries it always: the worker may have stopped looking; whichever copy
+        comes second is dropped)."""
         if self.next_token is not None and len(frames) == 2:  # a request whose arrays lie in the pool
-            reply_slot.write(self.request_slot.buffer(), self.next_token, frames)
+            if reply_slot.write(self.request_slot.buffer(), self.next_token, frames) and doorbell is not None:
+                _ring(doorbell)
         self.next_token = None
         self.socket.send_multipart(frames, copy=False)
 
@@ -174,6 +177,30 @@ class _Link:
                 sock.close(linger=0)
         if self.request_slot is not None:  # the worker only ever reads it
             self.request_slot.release()
+
+
+def _ring(doorbell):
+    """One byte into the worker's doorbell (a FIFO); a full one has rings enough waiting, a gone one is no news."""
+    try:
+        os.write(doorbell, b"\0")
+    except OSError:
+        pass
+
+
+def _open_doorbell(path):
+    """The worker's doorbell (``attach``'s reply names it) opened for writing, or None: not a FIFO of this
+    user's, or gone. The worker reads only armed request slots when it rings, and checks what it finds."""
+    if not path or not hasattr(os, "mkfifo"):
+        return None
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    info = os.fstat(fd)
+    if not stat.S_ISFIFO(info.st_mode) or info.st_uid != os.getuid():
+        os.close(fd)
+        return None
+    return fd
 
 
 @dataclass
@@ -228,6 +255,7 @@ class Connection:
         self._keepalive = None
         self._stop_keepalive = threading.Event()
         self.pool = Pool(pool_directory) if pool != "off" else None
+        self._doorbell = None  # the worker's FIFO, where it attached the pool (_open_doorbell)
         self._cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         try:
             self.capabilities = self._hello()
@@ -311,6 +339,8 @@ class Connection:
         if self.pool is not None and capabilities.pool_challenge is not None:
             nonce = self.pool.read_nonce(capabilities.pool_challenge)
             attached, _ = self._roundtrip({"op": "attach", "nonce": nonce}, timeout=HELLO_TIMEOUT)
+            if attached.get("pool"):
+                self._doorbell = _open_doorbell(attached.get("doorbell"))
             capabilities = replace(capabilities, pool=bool(attached.get("pool")),
                                    client_timeout=attached.get("client_timeout"))
         if not capabilities.pool and self.pool is not None:
@@ -336,7 +366,7 @@ class Connection:
             header["next_slot"] = self._request_slot(link)
         frames = self.session.pack(header, buffers, digests)
         sent = time.monotonic()  # before the send: a send can return after the worker has the message
-        link.send(frames)
+        link.send(frames, self._doorbell)
         reply = self._watch(*slot, header["reply_slot"]["token"], header["id"]) if slot is not None else None
         if reply is not None:
             link.copies += 1  # its ZeroMQ copy is on its way: dropped unread before the next request
@@ -713,6 +743,9 @@ class Connection:
             self._links.clear()
         if self.pool is not None:
             self.pool.close()
+        if self._doorbell is not None:
+            os.close(self._doorbell)
+            self._doorbell = None
 
 
 class _OutputBlock:

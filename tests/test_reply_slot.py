@@ -11,7 +11,10 @@ back to ZeroMQ with nothing lost. Attacks by another key holder are in
 tests/test_trust.py.
 """
 
+import os
+import stat
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -202,15 +205,13 @@ def test_an_unknown_reply_wait_is_refused_before_anything_is_sent(connection):
 # ---------------------------------------------------------------- requests read from the pool (next_slot)
 
 
-@pytest.fixture
-def watching_worker(tmp_path, monkeypatch):
-    """A worker in this process whose threads watch a request slot for a minute after each reply (unless other
-    work comes): every next request that is written there is read there, however slow the host."""
+def _worker_in_this_process(tmp_path, monkeypatch, watch_seconds):
+    """A worker in this process whose threads watch a request slot for ``watch_seconds`` after each reply."""
     from sklearn_gpu_bridge.connect import read_connection_file
     from sklearn_gpu_bridge.worker.backends import SklearnBackend
     from sklearn_gpu_bridge.worker.server import Worker
 
-    monkeypatch.setattr(reply_slot, "WATCH_SECONDS", 60.0)
+    monkeypatch.setattr(reply_slot, "WATCH_SECONDS", watch_seconds)
     monkeypatch.setattr(client, "SPIN_SECONDS", 60.0)
     worker = Worker(SklearnBackend(), connection_file=str(tmp_path / "worker.json"), threads=2).start()
     thread = threading.Thread(target=worker.serve_forever, daemon=True)
@@ -226,6 +227,20 @@ def watching_worker(tmp_path, monkeypatch):
         connection.close()
     worker.close()
     thread.join(timeout=10)
+
+
+@pytest.fixture
+def watching_worker(tmp_path, monkeypatch):
+    """A worker in this process whose threads watch a request slot for a minute after each reply (unless other
+    work comes): every next request that is written there is read there, however slow the host."""
+    yield from _worker_in_this_process(tmp_path, monkeypatch, 60.0)
+
+
+@pytest.fixture
+def ringing_worker(tmp_path, monkeypatch):
+    """A worker in this process whose threads do not watch at all: a request slot is armed at once after each
+    reply, and read only when its client rings the doorbell."""
+    yield from _worker_in_this_process(tmp_path, monkeypatch, 0.0)
 
 
 def _scaled(connection, X):
@@ -305,3 +320,131 @@ def test_a_request_slot_in_a_pool_its_client_did_not_attach_is_not_watched(watch
         assert_same(_scaled(victim, X * 3), StandardScaler().fit_transform(X * 3))
     assert not worker.session.refused, worker.session.refused
     assert worker.counts["fit"] == 2
+
+
+# ---------------------------------------------------------------- the doorbell: armed request slots
+
+
+def _armed(worker, connection):
+    """Wait until the worker has armed ``connection``'s request slot (after its reply), and return its link."""
+    assert wait_until(lambda: any(key[0] == connection.client_id for key in worker._armed), 10)
+    return connection._link()
+
+
+def _answer(connection, link, msg_id, timeout=10.0):
+    """The reply to ``msg_id`` on ``link``'s socket (the ZeroMQ copies of replies read from the pool before it
+    are passed over), or None within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while link.socket.poll(max(0.0, deadline - time.monotonic()) * 1000):
+        header, _ = connection.session.unpack(link.socket.recv_multipart())
+        if header.get("parent") == msg_id:
+            return header
+    return None
+
+
+def test_a_request_written_after_the_watch_is_read_when_the_doorbell_rings(ringing_worker):
+    """No thread watches; the request is written into the armed slot and the doorbell rung, and no ZeroMQ copy
+    is sent: it is answered all the same, and it ran once. Without the doorbell nothing would read it."""
+    worker, connect = ringing_worker
+    connection = connect()
+    X = np.random.default_rng(7).standard_normal((30, 3))
+    with sklearn_gpu_bridge.config_context(reply_wait="spin"):
+        _scaled(connection, X)
+        link = _armed(worker, connection)
+        msg_id = new_id()
+        request = connection.session.pack({"op": "echo", "id": msg_id, "client": connection.client_id,
+                                           "payload": {"args": [7, "seven"], "kwargs": {}}})
+        assert reply_slot.write(link.request_slot.buffer(), link.next_token, request)
+        os.write(connection._doorbell, b"\0")
+        header = _answer(connection, link, msg_id)
+    assert header is not None, "the request in the slot was not read when the doorbell rang"
+    assert header["op"] == "reply" and header["payload"]["result"] == [7, "seven"], header["payload"]
+    assert worker.counts["rung"] == 1 and worker.counts["echo"] == 1
+
+
+def test_the_next_requests_come_through_the_doorbell_and_run_once(ringing_worker):
+    """The client rings after writing each next request into its slot, and sends it through ZeroMQ too: every
+    request runs once, with scikit-learn's answers, and no second copy counts as a replay."""
+    worker, connect = ringing_worker
+    connection = connect()
+    X = np.random.default_rng(8).standard_normal((80, 4)) * 2
+    with sklearn_gpu_bridge.config_context(reply_wait="spin"):
+        results = []
+        for k in range(6):
+            results.append(_scaled(connection, X + k))
+            _armed(worker, connection)
+    for k, result in enumerate(results):
+        assert_same(result, StandardScaler().fit_transform(X + k))
+    record("doorbell", rung=worker.counts["rung"], of=5)
+    assert 1 <= worker.counts["rung"] <= 5  # the reader may still take a ZeroMQ copy first (one process here)
+    assert wait_until(lambda: worker.counts["second_copies"] >= worker.counts["from_slot"], 10)
+    assert not worker.session.refused, worker.session.refused
+    assert worker.counts["fit"] == 6
+
+
+def test_a_doorbell_rung_for_another_clients_request_runs_nothing(ringing_worker):
+    """A key holder writes a victim's request (its client id, its handle) into its own armed slot and rings:
+    it is refused as not the slot owner's, nothing runs, and the victim is answered as before."""
+    worker, connect = ringing_worker
+    victim, hostile = connect(), connect()
+    X = np.random.default_rng(9).standard_normal((60, 4)) * 2
+    with sklearn_gpu_bridge.config_context(reply_wait="spin"):
+        handle = victim.fit("StandardScaler", {}, "fit", [X], {}).handle
+        _scaled(hostile, X)
+        link = _armed(worker, hostile)
+        stolen = hostile.session.pack({"op": "call", "id": new_id(), "client": victim.client_id, "handle": handle,
+                                       "method": "transform", "payload": {"args": [], "kwargs": {}}})
+        assert reply_slot.write(link.request_slot.buffer(), link.next_token, stolen)
+        os.write(hostile._doorbell, b"\0")
+        assert wait_until(lambda: worker.session.refused["slot_not_owner"] == 1, 10)
+        assert worker.counts["call"] == 0
+        assert_same(victim.call(handle, "transform", [X], {}), StandardScaler().fit(X).transform(X))
+
+
+def test_rings_alone_read_nothing_and_cost_nothing(ringing_worker):
+    """Rings with nothing written (as many as the FIFO holds), and a slot holding bytes that are no message:
+    nothing runs, nothing is counted against anyone, and the worker answers as before."""
+    worker, connect = ringing_worker
+    connection = connect()
+    X = np.random.default_rng(10).standard_normal((40, 3))
+    with sklearn_gpu_bridge.config_context(reply_wait="spin"):
+        _scaled(connection, X)
+        link = _armed(worker, connection)
+        rings = 0
+        try:
+            while rings < 1 << 20:
+                os.write(connection._doorbell, b"\0" * 4096)
+                rings += 4096
+        except BlockingIOError:
+            pass
+        assert rings >= 4096
+        memory = link.request_slot.buffer()
+        memory[8:64] = os.urandom(56)
+        reply_slot.state_word(memory)[0] = link.next_token  # "written": but its lengths are noise
+
+        def rung():
+            try:
+                return os.write(connection._doorbell, b"\0")
+            except BlockingIOError:  # the worker has not read the rings above yet
+                return 0
+
+        assert wait_until(rung, 10)
+        assert wait_until(lambda: not worker._armed, 10)  # it looked at the slot, and let it go
+        assert connection.ping()
+        assert_same(_scaled(connection, X * 2), StandardScaler().fit_transform(X * 2))
+    assert worker.counts["fit"] == 2 and worker.counts["rung"] == 0
+    assert not worker.session.refused, worker.session.refused
+
+
+def test_another_user_cannot_ring_the_doorbell(ringing_worker, other_user):
+    """The doorbell is a FIFO of the worker's user (0600) in that user's private folder: another local user
+    cannot open it to ring it, let alone to read the rings."""
+    worker, _ = ringing_worker
+    path, _ = worker.doorbell
+    info = os.stat(path)
+    assert stat.S_ISFIFO(info.st_mode) and info.st_uid == os.getuid() and stat.S_IMODE(info.st_mode) == 0o600
+    probe = ("import os, sys\nfor flags in (os.O_WRONLY | os.O_NONBLOCK, os.O_RDONLY | os.O_NONBLOCK):\n"
+             "    try:\n        os.open(sys.argv[1], flags)\n        print('OPENED')\n"
+             "    except PermissionError:\n        print('REFUSED')\n")
+    run = other_user.run([other_user.python, "-c", probe, str(path)])
+    assert run.stdout.split() == ["REFUSED", "REFUSED"], run

@@ -16,7 +16,11 @@ from "dead". The reader also sweeps silent clients; the thread that called
 :meth:`Worker.serve_forever` watches the parent. A thread that has answered a
 request of a client on this host then watches that client's request slot for
 a moment, while it has nothing else to do (:meth:`Worker._follow`): the next
-request may come that way, past the sleeping reader. Which op is which is the protocol's
+request may come that way, past the sleeping reader. After the watch the slot
+stays armed, and a client that writes its next request there later rings the
+worker's doorbell, a FIFO in the socket's private folder that the reader polls
+beside the socket (:meth:`Worker._answer_bell`): one thread is woken, where
+ZeroMQ wakes three. Which op is which is the protocol's
 catalogue (:data:`sklearn_gpu_bridge.protocol.OPS`); each has a method
 ``_op_<name>`` here.
 
@@ -84,10 +88,22 @@ MAX_FRAMES = 1024  # frames in one message: a longer one is dropped as it is rea
 HWM = 16  # messages queued per peer socket, each way (an honest client has one request in flight per socket)
 HANDSHAKE_SECONDS = 5  # a connection that has not authenticated by then is closed
 MAX_READ_IN_TURN = 64  # messages the reading thread reads before it looks at its clock (sweeps)
+MAX_ARMED = 1024  # request slots armed for the doorbell at once (a client has one per thread); the oldest go
 #: a file name: the work of every request is profiled and the stats written there at exit (diagnosis)
 PROFILE_ENV = "SKLEARN_GPU_BRIDGE_WORKER_PROFILE"
 #: set: each reply carries ``worker_steps``, when each step of its request ended on the worker (diagnosis)
 STEPS_ENV = "SKLEARN_GPU_BRIDGE_WORKER_STEPS"
+
+
+def _open_doorbell(worker_id):
+    """(path, fd) of a FIFO in this user's private folder that clients on this host ring after writing a
+    request into an armed request slot; None where there are no FIFOs. Opened read-write, so that it never
+    reads as closed while no client holds it."""
+    if not hasattr(os, "mkfifo"):
+        return None
+    path = socket_path(f"worker-{worker_id[:16]}.bell")
+    os.mkfifo(path, 0o600)
+    return path, os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
 
 
 def is_loopback(host):
@@ -180,6 +196,9 @@ class Worker:
         self._steps = bool(os.environ.get(STEPS_ENV))
         self._local = threading.local()
         self.wakeup = None  # inproc PULL socket: wakes the thread that reads (_lead) from its poll
+        self.doorbell = None  # (path, fd) of the FIFO that clients on this host ring (_answer_bell)
+        self._armed = {}  # (client, segment, offset) -> (identity, header): request slots the doorbell looks at
+        self._armed_lock = threading.Lock()
         self._router_lock = threading.RLock()  # whoever uses the ROUTER socket holds it (the reader, the others)
         self._stopping = threading.Event()
         self._close_lock, self._closed = threading.Lock(), False
@@ -205,6 +224,7 @@ class Worker:
         # finds a message waiting wakes the reading thread through this inproc socket.
         self.wakeup = self.context.socket(zmq.PULL)
         self.wakeup.bind(f"inproc://wakeup-{self.worker_id}")
+        self.doorbell = _open_doorbell(self.worker_id)
         self.info = ConnectionInfo(
             address=self.address, key=self.key, protocol_version=PROTOCOL_VERSION, pid=os.getpid(),
             backend=self.backend.name, worker_id=self.worker_id, curve_server_key=self.curve_public,
@@ -253,6 +273,8 @@ class Worker:
         self._poller = zmq.Poller()
         self._poller.register(self.router.getsockopt(zmq.FD), zmq.POLLIN)
         self._poller.register(self.wakeup, zmq.POLLIN)
+        if self.doorbell is not None:
+            self._poller.register(self.doorbell[1], zmq.POLLIN)
         self._last_sweep = time.monotonic()
         self.queue.lead_with(self._lead)
         try:
@@ -289,7 +311,12 @@ class Worker:
                             log.exception("a message could not be handled; dropped it")
                 else:
                     drained = False  # more are waiting: read on after a look at the clock, not at the descriptor
-                if drained and dict(self._poller.poll(200)).get(self.wakeup):
+                if not drained:
+                    continue
+                events = dict(self._poller.poll(200))
+                if self.doorbell is not None and events.get(self.doorbell[1]) and self._answer_bell():
+                    return True
+                if events.get(self.wakeup):
                     while self.wakeup.poll(0):
                         self.wakeup.recv(zmq.NOBLOCK)
             return False
@@ -311,7 +338,9 @@ class Worker:
             with self._profile_lock:
                 pstats.Stats(*self._profile).dump_stats(os.environ[PROFILE_ENV])
         self.clients.close()
-        for path in (self.connection_file, getattr(self, "socket_path", None)):
+        if self.doorbell is not None:
+            os.close(self.doorbell[1])
+        for path in (self.connection_file, getattr(self, "socket_path", None), self.doorbell and self.doorbell[0]):
             if path:
                 Path(path).unlink(missing_ok=True)
         with self._router_lock:  # no executor thread is inside the socket
@@ -368,6 +397,8 @@ class Worker:
         if op in WORK_OPS and client is None:
             self._reply(identity, self._error_reply(header, ProtocolError(f"a {op!r} request must name its client")))
         elif op in WORK_OPS:
+            if owner is None:
+                self._disarm(client, header.get("next_slot"))
             state = self.clients.seen(client, working=True)
             if self._steps:
                 stamps.append(("unpacked", time.monotonic()))
@@ -411,7 +442,10 @@ class Worker:
         state = reply_slot.state_word(memory)
         deadline = time.monotonic() + reply_slot.WATCH_SECONDS
         while state[0] != token:
-            if state[0] == -token or time.monotonic() > deadline or self._stopping.is_set() or not self.queue.idle():
+            if state[0] == -token or self._stopping.is_set():
+                return
+            if time.monotonic() > deadline or not self.queue.idle():
+                self._arm(identity, header)  # from now on the doorbell says when to look
                 return
             os.sched_yield()
         arrived = time.monotonic()
@@ -430,8 +464,63 @@ class Worker:
             return None
         return slot["token"], attachment.output(slot.get("segment"), slot.get("offset"), slot.get("nbytes")).memory
 
+    def _arm(self, identity, header):
+        """Have the doorbell look at the request slot that ``header`` names as ``next_slot``."""
+        slot = header["next_slot"]
+        with self._armed_lock:
+            self._armed[(header["client"], slot.get("segment"), slot.get("offset"))] = (identity, header)
+            if len(self._armed) > MAX_ARMED:
+                del self._armed[next(iter(self._armed))]
+
+    def _disarm(self, client, slot):
+        """A request came through ZeroMQ: the slot it names is armed again (with its new token) after it."""
+        if self._armed and isinstance(slot, dict):
+            key = (client, slot.get("segment"), slot.get("offset"))
+            if all(type(part) in (str, int) for part in key):
+                with self._armed_lock:
+                    self._armed.pop(key, None)
+
+    def _answer_bell(self):
+        """The doorbell rang: take the requests that armed slots hold now; True if one was queued as work.
+
+        A ring says nothing by itself (a byte, from anyone who may open the FIFO): what a slot holds is read as
+        any message is (:meth:`_accept`: signature, time, replay, and the request must be the slot's client's).
+        """
+        try:
+            while os.read(self.doorbell[1], 4096):
+                pass
+        except BlockingIOError:
+            pass
+        with self._armed_lock:
+            armed = list(self._armed.items())
+        queued = False
+        for key, (identity, header) in armed:
+            try:
+                found = self._slot_block(header, "next_slot")
+            except ProtocolError:  # the client was freed meanwhile
+                found = None
+            if found is not None:
+                token, memory = found
+                state = int(reply_slot.state_word(memory)[0])
+                if state not in (token, -token):
+                    continue  # nothing written there yet
+            with self._armed_lock:
+                if self._armed.get(key, (None, None))[1] is not header:
+                    continue  # armed again meanwhile, for a newer request
+                del self._armed[key]
+            if found is not None and state == token:
+                arrived = time.monotonic()
+                frames = reply_slot.read(memory)
+                if frames is not None:
+                    self.counts["rung"] += 1
+                    queued |= bool(self._accept(identity, frames, arrived, owner=header["client"]))
+        return queued
+
     def _cancel(self, client):
         """Drop the work a freed client still has waiting: it never runs, and its replies would reach no one."""
+        with self._armed_lock:
+            for key in [key for key in self._armed if key[0] == client]:
+                del self._armed[key]
         dropped = self.queue.cancel(client)
         for _, _, _, state, _ in dropped:
             self.clients.answered(state)
@@ -637,7 +726,8 @@ class Worker:
 
     def _op_attach(self, header, buffers):
         attached, watched = self.clients.attach(header.get("client"), header.get("nonce"))
-        return {"pool": attached, "client_timeout": self._client_timeout(watched)}, []
+        doorbell = str(self.doorbell[0]) if attached and self.doorbell is not None else None
+        return {"pool": attached, "client_timeout": self._client_timeout(watched), "doorbell": doorbell}, []
 
     def _op_ping(self, header, buffers):
         return {"busy": self.queue.waiting()}, []

@@ -28,6 +28,9 @@ second call then reaches a worker thread that is awake, without a ZeroMQ I/O
 thread or a sleeping reader between them. The worker reads the message as it
 reads any (signature, time, replay, and the client must be the block's
 owner); whichever of the two copies comes second is dropped as a duplicate.
+After the watch the block stays armed: the client rings the worker's doorbell
+(a FIFO) when it writes there, and the worker's reader, which polls the FIFO
+beside its socket, reads it then (``Worker._answer_bell``).
 """
 
 import secrets
