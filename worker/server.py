@@ -515,9 +515,14 @@ class Worker:
             if found is not None and state == token:
                 arrived = time.monotonic()
                 frames = reply_slot.read(memory)
-                if frames is not None:
-                    self.counts["rung"] += 1
+                if frames is None:
+                    continue
+                self.counts["rung"] += 1
+                try:
                     queued |= bool(self._accept(identity, frames, arrived, owner=header["client"]))
+                except Exception:  # noqa: BLE001 - as in _lead: a message must never stop the reading
+                    self.counts["failed"] += 1
+                    log.exception("a request read from a request slot could not be handled; dropped it")
         return queued
 
     def _cancel(self, client):
