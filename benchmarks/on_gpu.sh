@@ -272,7 +272,7 @@ for stage in "$@"; do
       step 170 "$OUT/short-legs-before.txt" env PYTHONPATH="$BEFORE_SITE:$PYTHONPATH" python3 benchmarks/e2e.py \
         --parts profile --only "$small" --out /tmp/legs.json ;;
     bell)  # the same session, later: a request slot stays armed after the watch, and the client rings the worker's
-      # doorbell (a FIFO its reader polls) when it writes there; StandardScaler (float32, float64) and the
+      # doorbell (then a FIFO its reader polls; now a datagram socket) when it writes there; StandardScaler (float32, float64) and the
       # LogisticRegression pair before (BEFORE_SITE) and after, one round each, then their legs after and before
       small="StandardScaler fit_transform 5000x20|LogisticRegression fit+predict 5000x20"
       ROUNDS=1 alternate bell 100 "$small"

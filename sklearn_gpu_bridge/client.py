@@ -21,6 +21,7 @@ long fit still answers pings, so it is never mistaken for a dead one.
 import atexit
 import logging
 import os
+import socket
 import stat
 import subprocess
 import threading
@@ -131,6 +132,7 @@ class _Link:
         self.copies = 0  # ZeroMQ copies of replies already read from the pool, not yet dropped
         self.request_slot = None  # a pool block this thread keeps (allocated at its first announcement)
         self.next_token = None  # what the worker watches the request slot for after the last reply, if it does
+        self.ring = None  # the doorbell's datagram that names the request slot (reply_slot.ring_of)
 
     def send(self, frames, doorbell=None):
         """Send a request: into the request slot too where the worker watches for it, or looks when its
@@ -138,7 +140,7 @@ class _Link:
         comes second is dropped)."""
         if self.next_token is not None and len(frames) == 2:  # a request whose arrays lie in the pool
             if reply_slot.write(self.request_slot.buffer(), self.next_token, frames) and doorbell is not None:
-                _ring(doorbell)
+                _ring(doorbell, self.ring)
         self.next_token = None
         self.socket.send_multipart(frames, copy=False)
 
@@ -179,28 +181,32 @@ class _Link:
             self.request_slot.release()
 
 
-def _ring(doorbell):
-    """One byte into the worker's doorbell (a FIFO); a full one has rings enough waiting, a gone one is no news."""
+def _ring(doorbell, ring):
+    """Ring the worker's doorbell (a Unix datagram socket) for a request slot: never waits, never signals (a
+    worker gone, a full queue: the ZeroMQ copy counts)."""
     try:
-        os.write(doorbell, b"\0")
+        doorbell.send(ring, socket.MSG_DONTWAIT | getattr(socket, "MSG_NOSIGNAL", 0))
     except OSError:
         pass
 
 
 def _open_doorbell(path):
-    """The worker's doorbell (``attach``'s reply names it) opened for writing, or None: not a FIFO of this
-    user's, or gone. The worker reads only armed request slots when it rings, and checks what it finds."""
-    if not path or not hasattr(os, "mkfifo"):
+    """A datagram socket connected to the worker's doorbell (``attach``'s reply names it), or None: not a socket
+    of this user's, or gone. The worker looks only at the armed slot a ring names, and checks what it finds."""
+    if not path or not hasattr(socket, "AF_UNIX"):
         return None
+    bell = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
+        info = os.lstat(path)
+        if not stat.S_ISSOCK(info.st_mode) or info.st_uid != os.getuid():
+            raise OSError(f"{path} is not a socket of this user's")
+        bell.connect(path)
+        bell.setblocking(False)
+        return bell
+    except OSError as exc:
+        bell.close()
+        log.debug("no doorbell: %s", exc)
         return None
-    info = os.fstat(fd)
-    if not stat.S_ISFIFO(info.st_mode) or info.st_uid != os.getuid():
-        os.close(fd)
-        return None
-    return fd
 
 
 @dataclass
@@ -255,7 +261,7 @@ class Connection:
         self._keepalive = None
         self._stop_keepalive = threading.Event()
         self.pool = Pool(pool_directory) if pool != "off" else None
-        self._doorbell = None  # the worker's FIFO, where it attached the pool (_open_doorbell)
+        self._doorbell = None  # the worker's doorbell socket, where it attached the pool (_open_doorbell)
         self._cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         try:
             self.capabilities = self._hello()
@@ -360,7 +366,8 @@ class Connection:
         if releases:
             header["release"] = releases
         link = self._link()
-        link.disconnected()  # forget drops that happened before this request
+        if link.disconnected():  # a drop before this request: the worker would answer a request read from the
+            link.next_token = None  # slot to the connection that armed it, which is gone; ZeroMQ alone this time
         link.drop_copies()
         if slot is not None:  # a worker on this host: it may watch for this thread's next request
             header["next_slot"] = self._request_slot(link)
@@ -385,6 +392,8 @@ class Connection:
         """``next_slot`` of a request: this thread's request slot and a fresh token for its next request."""
         if link.request_slot is None:
             link.request_slot = self.pool.allocate(1)
+            link.ring = reply_slot.ring_of(self.client_id, {"segment": link.request_slot.segment,
+                                                            "offset": link.request_slot.offset})
         block = link.request_slot
         return {"segment": block.segment, "offset": block.offset, "nbytes": block.nbytes,
                 "token": reply_slot.new_token()}
@@ -722,6 +731,7 @@ class Connection:
         self._stop_keepalive_thread()
         if self.pid == os.getpid():
             self._drop_link()  # the calling thread's own sockets
+            self._close_doorbell()
             if self.pool is not None:
                 self.pool.close()
             if self.process is not None:
@@ -743,9 +753,12 @@ class Connection:
             self._links.clear()
         if self.pool is not None:
             self.pool.close()
-        if self._doorbell is not None:
-            os.close(self._doorbell)
-            self._doorbell = None
+        self._close_doorbell()
+
+    def _close_doorbell(self):
+        doorbell, self._doorbell = self._doorbell, None
+        if doorbell is not None:
+            doorbell.close()
 
 
 class _OutputBlock:

@@ -365,10 +365,10 @@ def _remove_files(connection_file, state, info, connection=True):
     if connection:
         paths.append(Path(connection_file))
     if info is not None and info.address.startswith("ipc://") and os.name == "posix":
-        sock = Path(info.address[len("ipc://"):])  # a clean stop removes it and its doorbell; a killed worker
-        for path, kind in ((sock, stat.S_ISSOCK), (sock.with_suffix(".bell"), stat.S_ISFIFO)):  # leaves them
+        sock = Path(info.address[len("ipc://"):])  # a clean stop removes it and its doorbell (a datagram
+        for path in (sock, sock.with_suffix(".bell")):  # socket beside it); a killed worker leaves them
             try:
-                if kind(path.lstat().st_mode) and path.lstat().st_uid == os.getuid():
+                if stat.S_ISSOCK(path.lstat().st_mode) and path.lstat().st_uid == os.getuid():
                     paths.append(path)
             except OSError:
                 pass

@@ -513,8 +513,8 @@ def test_plain_input_is_validated_the_short_way_as_validate_data_would(name, Est
     assert (got is not None) == takes
     if got is None:
         return
-    for mine, theirs in zip(*((got, expected) if y is not None else ((got,), (expected,)))):
-        assert mine is X or mine is y
+    for mine, theirs, given in zip(*((got, expected, (X, y)) if y is not None else ((got,), (expected,), (X,)))):
+        assert mine is given if given is X else (np.shares_memory(mine, given) and mine.shape == given.shape)
         assert mine.dtype == theirs.dtype and np.array_equal(mine, theirs, equal_nan=True)
     assert short_way.n_features_in_ == long_way.n_features_in_
     assert hasattr(short_way, "feature_names_in_") == hasattr(long_way, "feature_names_in_")

@@ -13,6 +13,8 @@ tests/test_trust.py.
 
 import os
 import stat
+import subprocess
+import sys
 import threading
 import time
 
@@ -327,8 +329,9 @@ def test_a_request_slot_in_a_pool_its_client_did_not_attach_is_not_watched(watch
 
 def _armed(worker, connection):
     """Wait until the worker has armed ``connection``'s request slot (after its reply), and return its link."""
-    assert wait_until(lambda: any(key[0] == connection.client_id for key in worker._armed), 10)
-    return connection._link()
+    link = connection._link()
+    assert wait_until(lambda: link.ring in worker._armed, 10)
+    return link
 
 
 def _answer(connection, link, msg_id, timeout=10.0):
@@ -355,7 +358,7 @@ def test_a_request_written_after_the_watch_is_read_when_the_doorbell_rings(ringi
         request = connection.session.pack({"op": "echo", "id": msg_id, "client": connection.client_id,
                                            "payload": {"args": [7, "seven"], "kwargs": {}}})
         assert reply_slot.write(link.request_slot.buffer(), link.next_token, request)
-        os.write(connection._doorbell, b"\0")
+        connection._doorbell.send(link.ring)
         header = _answer(connection, link, msg_id)
     assert header is not None, "the request in the slot was not read when the doorbell rang"
     assert header["op"] == "reply" and header["payload"]["result"] == [7, "seven"], header["payload"]
@@ -395,56 +398,75 @@ def test_a_doorbell_rung_for_another_clients_request_runs_nothing(ringing_worker
         stolen = hostile.session.pack({"op": "call", "id": new_id(), "client": victim.client_id, "handle": handle,
                                        "method": "transform", "payload": {"args": [], "kwargs": {}}})
         assert reply_slot.write(link.request_slot.buffer(), link.next_token, stolen)
-        os.write(hostile._doorbell, b"\0")
+        hostile._doorbell.send(link.ring)
         assert wait_until(lambda: worker.session.refused["slot_not_owner"] == 1, 10)
         assert worker.counts["call"] == 0
         assert_same(victim.call(handle, "transform", [X], {}), StandardScaler().fit(X).transform(X))
 
 
 def test_rings_alone_read_nothing_and_cost_nothing(ringing_worker):
-    """Rings with nothing written (as many as the FIFO holds), and a slot holding bytes that are no message:
-    nothing runs, nothing is counted against anyone, and the worker answers as before."""
+    """Rings that name no armed slot (noise, other clients' names, as many as the socket's queue holds), a ring
+    for one's own slot with nothing written, and one for a slot holding bytes that are no message: nothing runs,
+    nothing is counted against anyone, and the worker answers as before."""
     worker, connect = ringing_worker
     connection = connect()
     X = np.random.default_rng(10).standard_normal((40, 3))
     with sklearn_gpu_bridge.config_context(reply_wait="spin"):
         _scaled(connection, X)
         link = _armed(worker, connection)
+        bell = connection._doorbell
         rings = 0
         try:
-            while rings < 1 << 20:
-                os.write(connection._doorbell, b"\0" * 4096)
-                rings += 4096
-        except BlockingIOError:
+            while rings < 100_000:
+                bell.send(os.urandom(rings % 300) if rings % 2 else b"%024x:0:%d" % (rings, rings))
+                rings += 1
+        except BlockingIOError:  # the worker's queue is full: it reads them meanwhile
             pass
-        assert rings >= 4096
+        bell.setblocking(True)
+        bell.send(link.ring)  # nothing written there yet: it stays armed
+        assert connection.ping() and link.ring in worker._armed
         memory = link.request_slot.buffer()
         memory[8:64] = os.urandom(56)
         reply_slot.state_word(memory)[0] = link.next_token  # "written": but its lengths are noise
-
-        def rung():
-            try:
-                return os.write(connection._doorbell, b"\0")
-            except BlockingIOError:  # the worker has not read the rings above yet
-                return 0
-
-        assert wait_until(rung, 10)
-        assert wait_until(lambda: not worker._armed, 10)  # it looked at the slot, and let it go
+        bell.send(link.ring)
+        assert wait_until(lambda: link.ring not in worker._armed, 10)  # it looked at the slot, and let it go
         assert connection.ping()
         assert_same(_scaled(connection, X * 2), StandardScaler().fit_transform(X * 2))
+    assert rings >= 10  # the queue a connected datagram socket holds (11 here)
     assert worker.counts["fit"] == 2 and worker.counts["rung"] == 0
     assert not worker.session.refused, worker.session.refused
 
 
 def test_another_user_cannot_ring_the_doorbell(ringing_worker, other_user):
-    """The doorbell is a FIFO of the worker's user (0600) in that user's private folder: another local user
-    cannot open it to ring it, let alone to read the rings."""
+    """The doorbell is a socket of the worker's user (0600) in that user's private folder: another local user
+    cannot send it a ring."""
     worker, _ = ringing_worker
     path, _ = worker.doorbell
     info = os.stat(path)
-    assert stat.S_ISFIFO(info.st_mode) and info.st_uid == os.getuid() and stat.S_IMODE(info.st_mode) == 0o600
-    probe = ("import os, sys\nfor flags in (os.O_WRONLY | os.O_NONBLOCK, os.O_RDONLY | os.O_NONBLOCK):\n"
-             "    try:\n        os.open(sys.argv[1], flags)\n        print('OPENED')\n"
-             "    except PermissionError:\n        print('REFUSED')\n")
+    assert stat.S_ISSOCK(info.st_mode) and info.st_uid == os.getuid() and stat.S_IMODE(info.st_mode) == 0o600
+    probe = ("import socket, sys\nbell = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)\n"
+             "try:\n    bell.sendto(b'ring', sys.argv[1])\n    print('RANG')\n"
+             "except PermissionError:\n    print('REFUSED')\n")
     run = other_user.run([other_user.python, "-c", probe, str(path)])
-    assert run.stdout.split() == ["REFUSED", "REFUSED"], run
+    assert run.stdout.split() == ["REFUSED"], run
+
+
+def test_a_ring_to_a_worker_that_is_gone_neither_raises_nor_kills(tmp_path):
+    """A process that restored SIGPIPE's default (as many command-line tools do) rings a doorbell whose worker
+    has gone: it carries on (a pipe's write there would have killed it)."""
+    script = (
+        "import signal, socket, sys\n"
+        "from sklearn_gpu_bridge import client\n"
+        "signal.signal(signal.SIGPIPE, signal.SIG_DFL)\n"
+        "worker = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)\n"
+        "worker.bind(sys.argv[1])\n"
+        "bell = client._open_doorbell(sys.argv[1])\n"
+        "assert bell is not None\n"
+        "client._ring(bell, b'ring')\n"
+        "worker.close()\n"
+        "client._ring(bell, b'ring')\n"
+        "print('CARRIED ON')\n"
+    )
+    run = subprocess.run([sys.executable, "-c", script, str(tmp_path / "w.bell")], capture_output=True, text=True,
+                         timeout=60)
+    assert run.returncode == 0 and "CARRIED ON" in run.stdout, run

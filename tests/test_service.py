@@ -214,8 +214,8 @@ def test_python_api_a_hung_worker_is_refused_by_start_and_stopped_by_signals(tmp
     try:
         assert result["running"] and result["log_file"] == str(tmp_path / "w.log")
         sock = Path(read_connection_file(connection_file).address[len("ipc://"):])
-        bell = sock.with_suffix(".bell")  # the worker's doorbell (a FIFO) beside its socket
-        assert stat.S_ISSOCK(sock.lstat().st_mode) and stat.S_ISFIFO(bell.lstat().st_mode)
+        bell = sock.with_suffix(".bell")  # the worker's doorbell (a datagram socket) beside its socket
+        assert stat.S_ISSOCK(sock.lstat().st_mode) and stat.S_ISSOCK(bell.lstat().st_mode)
         os.kill(pid, signal.SIGSTOP)  # alive, but answers nothing
         with pytest.raises(service.ServiceError, match="does not answer; stop it with"):
             service.start(backend="sklearn", connection_file=connection_file)

@@ -18,9 +18,9 @@ request of a client on this host then watches that client's request slot for
 a moment, while it has nothing else to do (:meth:`Worker._follow`): the next
 request may come that way, past the sleeping reader. After the watch the slot
 stays armed, and a client that writes its next request there later rings the
-worker's doorbell, a FIFO in the socket's private folder that the reader polls
-beside the socket (:meth:`Worker._answer_bell`): one thread is woken, where
-ZeroMQ wakes three. Which op is which is the protocol's
+worker's doorbell, a datagram socket that the reader polls beside the ZeroMQ
+one (:meth:`Worker._answer_bell`): one thread is woken, where ZeroMQ wakes
+three. Which op is which is the protocol's
 catalogue (:data:`sklearn_gpu_bridge.protocol.OPS`); each has a method
 ``_op_<name>`` here.
 
@@ -40,6 +40,7 @@ import math
 import os
 import pstats
 import signal
+import socket
 import tempfile
 import threading
 import time
@@ -89,6 +90,8 @@ HWM = 16  # messages queued per peer socket, each way (an honest client has one 
 HANDSHAKE_SECONDS = 5  # a connection that has not authenticated by then is closed
 MAX_READ_IN_TURN = 64  # messages the reading thread reads before it looks at its clock (sweeps)
 MAX_ARMED = 1024  # request slots armed for the doorbell at once (a client has one per thread); the oldest go
+ARMED_SECONDS = 600.0  # an armed slot that no ring has named for this long goes (its thread is idle or gone)
+RINGS_IN_TURN = 256  # rings the reading thread takes in one turn before it looks at its socket again
 #: a file name: the work of every request is profiled and the stats written there at exit (diagnosis)
 PROFILE_ENV = "SKLEARN_GPU_BRIDGE_WORKER_PROFILE"
 #: set: each reply carries ``worker_steps``, when each step of its request ended on the worker (diagnosis)
@@ -96,16 +99,20 @@ STEPS_ENV = "SKLEARN_GPU_BRIDGE_WORKER_STEPS"
 
 
 def _open_doorbell(worker_id):
-    """(path, fd) of a FIFO in this user's private folder that clients on this host ring after writing a
-    request into an armed request slot; None where there are no FIFOs. Opened read-write, so that it never
-    reads as closed while no client holds it."""
-    if not hasattr(os, "mkfifo"):
+    """(path, socket) of a Unix datagram socket beside the worker's own, in this user's private folder (mode
+    0600), where clients on this host ring after writing a request into an armed request slot; None where
+    there are none. A ring is a datagram naming the slot; nothing in it is trusted (see ``_answer_bell``)."""
+    if not hasattr(socket, "AF_UNIX"):
         return None
+    bell = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     try:
         path = socket_path(f"worker-{worker_id[:16]}.bell")
-        os.mkfifo(path, 0o600)
-        return path, os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+        bell.bind(str(path))
+        os.chmod(path, 0o600)
+        bell.setblocking(False)
+        return path, bell
     except (OSError, ConfigurationError) as exc:  # requests come through ZeroMQ alone, as they always may
+        bell.close()
         log.warning("no doorbell for request slots: %s", exc)
         return None
 
@@ -200,8 +207,8 @@ class Worker:
         self._steps = bool(os.environ.get(STEPS_ENV))
         self._local = threading.local()
         self.wakeup = None  # inproc PULL socket: wakes the thread that reads (_lead) from its poll
-        self.doorbell = None  # (path, fd) of the FIFO that clients on this host ring (_answer_bell)
-        self._armed = {}  # (client, segment, offset) -> (identity, header): request slots the doorbell looks at
+        self.doorbell = None  # (path, socket): the datagram socket clients on this host ring (_answer_bell)
+        self._armed = {}  # ring -> (identity, slot, armed at): request slots a ring may name (_arm)
         self._armed_lock = threading.Lock()
         self._router_lock = threading.RLock()  # whoever uses the ROUTER socket holds it (the reader, the others)
         self._stopping = threading.Event()
@@ -228,7 +235,7 @@ class Worker:
         # finds a message waiting wakes the reading thread through this inproc socket.
         self.wakeup = self.context.socket(zmq.PULL)
         self.wakeup.bind(f"inproc://wakeup-{self.worker_id}")
-        self.doorbell = _open_doorbell(self.worker_id)
+        self.doorbell = _open_doorbell(self.worker_id) if self.host == "ipc" else None
         self.info = ConnectionInfo(
             address=self.address, key=self.key, protocol_version=PROTOCOL_VERSION, pid=os.getpid(),
             backend=self.backend.name, worker_id=self.worker_id, curve_server_key=self.curve_public,
@@ -278,7 +285,7 @@ class Worker:
         self._poller.register(self.router.getsockopt(zmq.FD), zmq.POLLIN)
         self._poller.register(self.wakeup, zmq.POLLIN)
         if self.doorbell is not None:
-            self._poller.register(self.doorbell[1], zmq.POLLIN)
+            self._poller.register(self.doorbell[1].fileno(), zmq.POLLIN)
         self._last_sweep = time.monotonic()
         self.queue.lead_with(self._lead)
         try:
@@ -318,7 +325,7 @@ class Worker:
                 if not drained:
                     continue
                 events = dict(self._poller.poll(200))
-                if self.doorbell is not None and events.get(self.doorbell[1]) and self._answer_bell():
+                if self.doorbell is not None and events.get(self.doorbell[1].fileno()) and self._answer_bell():
                     return True
                 if events.get(self.wakeup):
                     while self.wakeup.poll(0):
@@ -343,7 +350,7 @@ class Worker:
                 pstats.Stats(*self._profile).dump_stats(os.environ[PROFILE_ENV])
         self.clients.close()
         if self.doorbell is not None:
-            os.close(self.doorbell[1])
+            self.doorbell[1].close()
         for path in (self.connection_file, getattr(self, "socket_path", None), self.doorbell and self.doorbell[0]):
             if path:
                 Path(path).unlink(missing_ok=True)
@@ -469,67 +476,75 @@ class Worker:
         return slot["token"], attachment.output(slot.get("segment"), slot.get("offset"), slot.get("nbytes")).memory
 
     def _arm(self, identity, header):
-        """Have the doorbell look at the request slot that ``header`` names as ``next_slot``."""
-        slot = header["next_slot"]
+        """Have a ring that names the request slot of ``header``'s ``next_slot`` read it (``ring_of``)."""
+        slot = {"client": header["client"], "pool": header["pool"], "next_slot": header["next_slot"]}
+        key = reply_slot.ring_of(header["client"], header["next_slot"])
+        now = time.monotonic()
         with self._armed_lock:
-            self._armed[(header["client"], slot.get("segment"), slot.get("offset"))] = (identity, header)
-            if len(self._armed) > MAX_ARMED:
+            self._armed.pop(key, None)  # re-armed: it goes to the end, the freshest
+            self._armed[key] = (identity, slot, now)
+            while self._armed and (len(self._armed) > MAX_ARMED
+                                   or next(iter(self._armed.values()))[2] < now - ARMED_SECONDS):
                 del self._armed[next(iter(self._armed))]
 
     def _disarm(self, client, slot):
         """A request came through ZeroMQ: the slot it names is armed again (with its new token) after it."""
         if self._armed and isinstance(slot, dict):
-            key = (client, slot.get("segment"), slot.get("offset"))
-            if all(type(part) in (str, int) for part in key):
-                with self._armed_lock:
-                    self._armed.pop(key, None)
+            with self._armed_lock:
+                self._armed.pop(reply_slot.ring_of(client, slot), None)
 
     def _answer_bell(self):
-        """The doorbell rang: take the requests that armed slots hold now; True if one was queued as work.
+        """Rings came: take the requests that the slots they name hold now; True if one was queued as work.
 
-        A ring says nothing by itself (a byte, from anyone who may open the FIFO): what a slot holds is read as
-        any message is (:meth:`_accept`: signature, time, replay, and the request must be the slot's client's).
+        A ring is a datagram that names a slot (``reply_slot.ring_of``), from anyone who may write to the
+        socket: it is only looked up among the armed slots, and what such a slot holds is read as any message
+        is (:meth:`_accept`: signature, time, replay, and the request must be the slot's client's).
         """
-        try:
-            while os.read(self.doorbell[1], 4096):
-                pass
-        except BlockingIOError:
-            pass
-        with self._armed_lock:
-            armed = list(self._armed.items())
         queued = False
-        for key, (identity, header) in armed:
+        for _ in range(RINGS_IN_TURN):
             try:
-                found = self._slot_block(header, "next_slot")
+                ring = self.doorbell[1].recv(reply_slot.RING_MAX)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:  # the socket is closing
+                break
+            with self._armed_lock:
+                armed = self._armed.get(ring)
+            if armed is None:
+                continue  # not armed (watched, taken, or never): the ZeroMQ copy counts
+            identity, slot, _ = armed
+            try:
+                found = self._slot_block(slot, "next_slot")
             except ProtocolError:  # the client was freed meanwhile
                 found = None
             if found is not None:
                 token, memory = found
                 state = int(reply_slot.state_word(memory)[0])
                 if state not in (token, -token):
-                    continue  # nothing written there yet
+                    continue  # nothing written there yet (a ring from elsewhere)
             with self._armed_lock:
-                if self._armed.get(key, (None, None))[1] is not header:
-                    continue  # armed again meanwhile, for a newer request
-                del self._armed[key]
-            if found is not None and state == token:
-                arrived = time.monotonic()
-                frames = reply_slot.read(memory)
-                if frames is None:
-                    continue
-                self.counts["rung"] += 1
-                try:
-                    queued |= bool(self._accept(identity, frames, arrived, owner=header["client"]))
-                except Exception:  # noqa: BLE001 - as in _lead: a message must never stop the reading
-                    self.counts["failed"] += 1
-                    log.exception("a request read from a request slot could not be handled; dropped it")
+                if self._armed.get(ring) is not armed:
+                    continue  # taken or armed again meanwhile
+                del self._armed[ring]
+            if found is None or state != token:
+                continue
+            arrived = time.monotonic()
+            frames = reply_slot.read(memory)
+            if frames is None:
+                continue
+            self.counts["rung"] += 1
+            try:
+                queued |= bool(self._accept(identity, frames, arrived, owner=slot["client"]))
+            except Exception:  # noqa: BLE001 - as in _lead: a message must never stop the reading
+                self.counts["failed"] += 1
+                log.exception("a request read from a request slot could not be handled; dropped it")
         return queued
 
     def _cancel(self, client):
         """Drop the work a freed client still has waiting: it never runs, and its replies would reach no one."""
         with self._armed_lock:
-            for key in [key for key in self._armed if key[0] == client]:
-                del self._armed[key]
+            for ring in [ring for ring, (_, slot, _) in self._armed.items() if slot["client"] == client]:
+                del self._armed[ring]
         dropped = self.queue.cancel(client)
         for _, _, _, state, _ in dropped:
             self.clients.answered(state)

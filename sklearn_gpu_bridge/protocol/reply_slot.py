@@ -29,8 +29,10 @@ thread or a sleeping reader between them. The worker reads the message as it
 reads any (signature, time, replay, and the client must be the block's
 owner); whichever of the two copies comes second is dropped as a duplicate.
 After the watch the block stays armed: the client rings the worker's doorbell
-(a FIFO) when it writes there, and the worker's reader, which polls the FIFO
-beside its socket, reads it then (``Worker._answer_bell``).
+(a Unix datagram socket beside the worker's own) when it writes there, with a
+datagram that names the block (:func:`ring_of`), and the worker's reader, which
+polls the doorbell beside its socket, reads that block then
+(``Worker._answer_bell``).
 """
 
 import secrets
@@ -44,6 +46,14 @@ TOKEN_LIMIT = 1 << 62  # tokens lie in [1, TOKEN_LIMIT): they and their negative
 #: millisecond of the first's reply; a thread watches only while no other request runs or waits
 WATCH_SECONDS = 0.003
 REQUEST_SLOT_MAX = 1 << 20  # bytes: a longer request slot is not watched (a block of the pool is 1 MiB)
+
+
+RING_MAX = 256  # bytes of a ring the worker reads: one that :func:`ring_of` makes is far shorter
+
+
+def ring_of(client, slot):
+    """The datagram that rings for the request slot ``slot`` (a ``next_slot``: segment, offset) of ``client``."""
+    return f"{client}:{slot.get('segment')}:{slot.get('offset')}".encode()[:RING_MAX]
 
 
 def new_token():
