@@ -126,6 +126,10 @@ class _Link:
     def __init__(self, info):
         self.info = info
         self.socket = _dealer(info, connect=False)
+        # its own name, kept when ZeroMQ connects it again (the worker hands the name over to the new
+        # connection): a request the worker read from this thread's request slot is answered to it, not to a
+        # connection that is gone. Random, never sent to anyone, and not starting with 0 (ZeroMQ's own)
+        self.socket.routing_id = b"\x01" + os.urandom(15)
         self.events = self.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED)
         self.socket.connect(info.address)  # after the monitor: no event is missed
         self.pinger = None

@@ -470,3 +470,24 @@ def test_a_ring_to_a_worker_that_is_gone_neither_raises_nor_kills(tmp_path):
     run = subprocess.run([sys.executable, "-c", script, str(tmp_path / "w.bell")], capture_output=True, text=True,
                          timeout=60)
     assert run.returncode == 0 and "CARRIED ON" in run.stdout, run
+
+
+def test_a_request_read_from_its_slot_after_a_reconnect_is_answered_on_the_new_connection(ringing_worker,
+                                                                                         monkeypatch):
+    """The connection drops and ZeroMQ connects it again, the worker running on, and the client does not see it:
+    its next request, read from the slot armed before, is answered to the link's own name, which the new
+    connection has taken over. (Answered to the name of the connection that is gone, a client waiting on its
+    socket would wait forever: the test's timeout.)"""
+    worker, connect = ringing_worker
+    monkeypatch.setattr(client, "SPIN_SECONDS", 1e-6)  # the client waits on its socket for every reply
+    connection = connect()
+    X = np.random.default_rng(12).standard_normal((50, 3))
+    with sklearn_gpu_bridge.config_context(reply_wait="spin"):
+        _scaled(connection, X)
+        link = _armed(worker, connection)
+        link.socket.disconnect(connection.info.address)
+        link.socket.connect(connection.info.address)
+        time.sleep(0.2)
+        answered = _scaled(connection, X + 1)  # in this thread: its link is the one connected again
+    assert_same(answered, StandardScaler().fit_transform(X + 1))
+    assert worker.counts["fit"] == 2

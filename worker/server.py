@@ -226,6 +226,7 @@ class Worker:
         raise_file_limit()
         self.router = self.context.socket(zmq.ROUTER)
         self.router.linger = 0
+        self.router.router_handover = 1  # a client link connected again keeps its name (client._Link)
         self.router.maxmsgsize = self.max_frame_bytes
         self.router.sndhwm = self.router.rcvhwm = HWM
         self.router.handshake_ivl = HANDSHAKE_SECONDS * 1000
