@@ -370,8 +370,7 @@ class Connection:
         if releases:
             header["release"] = releases
         link = self._link()
-        if link.disconnected():  # a drop before this request: the worker would answer a request read from the
-            link.next_token = None  # slot to the connection that armed it, which is gone; ZeroMQ alone this time
+        link.disconnected()  # forget drops that happened before this request (a reconnected link keeps its name)
         link.drop_copies()
         if slot is not None:  # a worker on this host: it may watch for this thread's next request
             header["next_slot"] = self._request_slot(link)

@@ -163,6 +163,27 @@ def test_replayed_message_is_refused():
     assert receiver.refused == {"replayed": 2}
 
 
+@pytest.mark.parametrize("slot_first", [True, False])
+def test_a_request_sent_two_ways_is_taken_once_and_its_replays_are_refused(slot_first):
+    """A request comes through its request slot and through ZeroMQ: one copy is taken, the other dropped as a
+    duplicate, uncounted. Replayed after that (a hostile copy of the frames, either way), it is refused as a
+    replay every time: the duplicate's pass is given once, to the one copy the client itself sent."""
+    from sklearn_gpu_bridge.protocol.session import Duplicate
+
+    sender, receiver = _pair()
+    frames = _message(sender, client="c" * 24)
+    ways = [{"slot_of": "c" * 24}, {}] if slot_first else [{}, {"slot_of": "c" * 24}]
+    header, _ = receiver.unpack(list(frames), **ways[0])
+    assert header["client"] == "c" * 24
+    with pytest.raises(Duplicate):
+        receiver.unpack(list(frames), **ways[1])
+    for way in [{}, {"slot_of": "c" * 24}, {}]:
+        with pytest.raises(ProtocolError, match="replay|taken already") as raised:
+            receiver.unpack(list(frames), **way)
+        assert not isinstance(raised.value, Duplicate) or way, "a replay through ZeroMQ passed as a duplicate"
+    assert receiver.refused["replayed"] == 2
+
+
 def test_a_forgotten_signature_still_cannot_be_replayed():
     """Past ``remember`` signatures the oldest go, and with them every message as old: refused as stale."""
     sender, receiver = _pair(remember=3)

@@ -8,6 +8,8 @@ import time
 
 from sklearn_gpu_bridge.worker.scheduler import FairQueue
 
+from .conftest import wait_until
+
 
 class Recorder:
     """``run(item)`` that holds each item until released, recording which ran at the same time."""
@@ -100,9 +102,7 @@ def test_one_client_at_a_time_is_served_by_the_thread_that_was_busy_last():
     queue = FairQueue(record, threads=4)
     try:
         for i in range(8):
-            deadline = time.monotonic() + 10
-            while len(queue._idle) < 4 and time.monotonic() < deadline:  # every thread waits again
-                time.sleep(0.001)
+            assert wait_until(lambda: len(queue._idle) == 4, 10, step=0.001)  # every thread waits again
             queue.submit("a", ("a", i))
             assert done.acquire(timeout=10)
         assert len(set(ran_on)) == 1, ran_on
@@ -160,19 +160,14 @@ def test_a_request_runs_on_the_thread_that_read_it_while_another_thread_takes_ov
     queue.lead_with(reader)
     try:
         assert queue.threads == 2  # one more thread reads
-        deadline = time.monotonic() + 10
-        while len(queue._idle) < 2 and time.monotonic() < deadline:  # the others wait: one can take over reading
-            time.sleep(0.001)
+        assert wait_until(lambda: len(queue._idle) >= 2, 10, step=0.001)  # the others wait: one can take over
         reader.put(("a", 1))
         _wait_started(recorder, 1)
         reader.put(("b", 1))
         _wait_started(recorder, 1)
         assert ran_on == reader.read_on and ran_on["a"] != ran_on["b"], (ran_on, reader.read_on)
         assert recorder.together[-1] == {"a", "b"}
-        deadline = time.monotonic() + 10
-        while len(reader.readers) < 3 and time.monotonic() < deadline:  # a third thread reads meanwhile
-            time.sleep(0.001)
-        assert len(reader.readers) == 3
+        assert wait_until(lambda: len(reader.readers) == 3, 10, step=0.001)  # a third thread reads meanwhile
         recorder.let_go("a"), recorder.let_go("b")
     finally:
         reader.stop()
@@ -189,12 +184,9 @@ def test_while_every_other_thread_is_busy_the_reader_keeps_reading_and_the_reque
         reader.put(("a", 1))
         _wait_started(recorder, 1)
         reader.put(("b", 1))
-        deadline = time.monotonic() + 10
-        while queue.waiting() == 0 and time.monotonic() < deadline:
-            time.sleep(0.001)
+        assert wait_until(lambda: queue.waiting() == 1, 10, step=0.001)
         reader.put(("c", 1))  # the reader reads on while "b" waits
-        while queue.waiting() < 2 and time.monotonic() < deadline:
-            time.sleep(0.001)
+        assert wait_until(lambda: queue.waiting() == 2, 10, step=0.001)
         assert queue.waiting() == 2 and recorder.running == {"a"} and queue.running == 1
         recorder.let_go("a")
         _wait_started(recorder, 1)

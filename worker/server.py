@@ -460,10 +460,14 @@ class Worker:
                 self._arm(identity, header)  # from now on the doorbell says when to look
                 return
             os.sched_yield()
+        self._take_request(identity, memory, header["client"])
+
+    def _take_request(self, identity, memory, client):
+        """The request a request slot of ``client`` holds, read as any message (:meth:`_accept`, as that
+        client's only); True if it was queued as work."""
         arrived = time.monotonic()
         frames = reply_slot.read(memory)
-        if frames is not None:
-            self._accept(identity, frames, arrived, owner=header["client"])
+        return frames is not None and bool(self._accept(identity, frames, arrived, owner=client))
 
     def _slot_block(self, header, name):
         """(token, memory) of the block that ``header[name]`` (a reply or request slot) names in the memfd pool
@@ -529,13 +533,9 @@ class Worker:
                 del self._armed[ring]
             if found is None or state != token:
                 continue
-            arrived = time.monotonic()
-            frames = reply_slot.read(memory)
-            if frames is None:
-                continue
             self.counts["rung"] += 1
             try:
-                queued |= bool(self._accept(identity, frames, arrived, owner=slot["client"]))
+                queued |= self._take_request(identity, memory, slot["client"])
             except Exception:  # noqa: BLE001 - as in _lead: a message must never stop the reading
                 self.counts["failed"] += 1
                 log.exception("a request read from a request slot could not be handled; dropped it")
