@@ -271,6 +271,18 @@ for stage in "$@"; do
       step 170 "$OUT/short-legs-after.txt" python3 benchmarks/e2e.py --parts profile --only "$small" --out /tmp/legs.json
       step 170 "$OUT/short-legs-before.txt" env PYTHONPATH="$BEFORE_SITE:$PYTHONPATH" python3 benchmarks/e2e.py \
         --parts profile --only "$small" --out /tmp/legs.json ;;
+    threads)  # issue 15, 2026-11-25 (sixth session): why cuML runs slower on a worker thread than on the caller's
+      # (thread_penalty.py; again with one malloc arena, and with the process on one core); the worker's own
+      # profile of StandardScaler; the cuML tests of the doorbell in its final form (a datagram naming its slot)
+      step 120 "$OUT/thread-penalty.txt" python3 benchmarks/thread_penalty.py --out "$OUT/thread-penalty.json"
+      step 90 "$OUT/thread-penalty.txt" env MALLOC_ARENA_MAX=1 python3 benchmarks/thread_penalty.py --repeats 40
+      step 90 "$OUT/thread-penalty.txt" taskset -c 3 python3 benchmarks/thread_penalty.py --repeats 40
+      step 90 "$OUT/threads-legs.txt" env SKLEARN_GPU_BRIDGE_WORKER_PROFILE=/tmp/worker.prof python3 benchmarks/e2e.py \
+        --parts profile --only "StandardScaler fit_transform 5000x20" --out /tmp/legs.json
+      step 30 "$OUT/threads-legs.txt" python3 -c "import pstats; s = pstats.Stats('/tmp/worker.prof'); \
+        s.sort_stats('tottime').print_stats(40)"
+      step 150 "$OUT/pytest-cuml-bell.txt" "${PYTEST[@]}" -q -rfEs --tb=short tests/test_reply_slot.py \
+        tests/test_protocol.py tests/test_service.py ;;
     bell)  # the same session, later: a request slot stays armed after the watch, and the client rings the worker's
       # doorbell (then a FIFO its reader polls; now a datagram socket) when it writes there; StandardScaler (float32, float64) and the
       # LogisticRegression pair before (BEFORE_SITE) and after, one round each, then their legs after and before
