@@ -283,6 +283,27 @@ for stage in "$@"; do
         s.sort_stats('tottime').print_stats(40)"
       step 150 "$OUT/pytest-cuml-bell.txt" "${PYTEST[@]}" -q -rfEs --tb=short tests/test_reply_slot.py \
         tests/test_protocol.py tests/test_service.py ;;
+    alloc-micro)  # issue 15, sixth session: the worker's device memory from CUDA's stream-ordered pool (device_memory
+      # "async") against cudaMalloc per array ("cuda", cuML's default and the worker's before): cuML in process first
+      step 200 "$OUT/device-memory.txt" python3 benchmarks/device_memory.py --out "$OUT/device-memory.json" ;;
+    alloc-small)  # the same: the small cases with the worker's device_memory=cuda (before) and async (after), in
+      # turn, rounds ROUND_FROM..ROUND_TO
+      small="StandardScaler fit_transform 5000x20|SVC(rbf) fit+predict 500x20|LogisticRegression fit+predict 5000x20"
+      for round in $(seq "${ROUND_FROM:-1}" "${ROUND_TO:-1}"); do
+        step 170 "$OUT/alloc-small-before.txt" env SKLEARN_GPU_BRIDGE_WORKER_DEVICE_MEMORY=cuda python3 \
+          benchmarks/e2e.py --parts cases --only "$small" --no-sklearn-large --out "$OUT/e2e-alloc-small-before-$round.json"
+        step 170 "$OUT/alloc-small-after.txt" python3 benchmarks/e2e.py --parts cases --only "$small" \
+          --no-sklearn-large --out "$OUT/e2e-alloc-small-after-$round.json"
+      done ;;
+    alloc-large)  # the same: the large cases, before (cuda) and after (async), one round
+      large="10000x1280|KMeans(8)|LogisticRegression fit 1M x 50"
+      step 200 "$OUT/alloc-large-before.txt" env SKLEARN_GPU_BRIDGE_WORKER_DEVICE_MEMORY=cuda python3 benchmarks/e2e.py \
+        --parts cases --only "$large" --no-sklearn-large --out "$OUT/e2e-alloc-large-before.json"
+      step 200 "$OUT/alloc-large-after.txt" python3 benchmarks/e2e.py --parts cases --only "$large" \
+        --no-sklearn-large --out "$OUT/e2e-alloc-large-after.json" ;;
+    alloc-tests)  # the same: the cuML tests of faults (the GPU's out-of-memory test), the estimators, the pool
+      step 300 "$OUT/pytest-cuml-alloc.txt" "${PYTEST[@]}" -q -rfEs --tb=short tests/test_faults.py \
+        tests/test_estimators.py tests/test_pool.py ;;
     bell)  # the same session, later: a request slot stays armed after the watch, and the client rings the worker's
       # doorbell (then a FIFO its reader polls; now a datagram socket) when it writes there; StandardScaler (float32, float64) and the
       # LogisticRegression pair before (BEFORE_SITE) and after, one round each, then their legs after and before

@@ -36,6 +36,9 @@ W = WORKER_DEFAULTS
 @click.option("--port", default=W["port"], type=click.IntRange(0, 65535), help="TCP port; 0 picks a free one.")
 @click.option("--backend", default=W["backend"], type=BACKENDS,
               help="auto: cuML when importable, otherwise scikit-learn on CPU.")
+@click.option("--device-memory", default=W["device_memory"], type=click.Choice(["async", "cuda"]),
+              help="How a cuML worker allocates device memory: async (CUDA's stream-ordered pool, as dask-cuda's "
+                   "--rmm-async) or cuda (cudaMalloc and cudaFree per array, cuML's default).")
 @click.option("--connection-file", type=click.Path(dir_okay=False), default=str(default_connection_file()),
               help="Where to write address and key (mode 0600) once ready.")
 @click.option("--threads", default=W["threads"], type=click.IntRange(1), help="Estimator calls run at once.")
@@ -65,7 +68,7 @@ W = WORKER_DEFAULTS
               help="MiB of arrays kept for clients (all together), so that an array a client sends again "
                    "(GridSearchCV's folds) does not travel again. 0: keep none.")
 @click.option("--log-level", default=W["log_level"], type=LOG_LEVELS)
-def worker(backend, connection_file, parent_pid, log_level, **settings):
+def worker(backend, device_memory, connection_file, parent_pid, log_level, **settings):
     """Run a worker in this process until SIGINT, SIGTERM or a shutdown request."""
     from .errors import ConfigurationError
     from .worker import Worker, check_settings, make_backend
@@ -78,7 +81,7 @@ def worker(backend, connection_file, parent_pid, log_level, **settings):
         # settings are checked before the backend warms up: a refusal comes at once
         check_settings(bind=settings["bind"], key_file=settings["key_file"],
                        curve_secret_key=settings["curve_secret_key"], curve_allow=settings["curve_allow"])
-        chosen, reason = make_backend(backend)
+        chosen, reason = make_backend(backend, device_memory=device_memory)
         if reason:
             logging.getLogger("sklearn_gpu_bridge.worker").warning("falling back to scikit-learn: %s", reason)
         server = Worker(chosen, connection_file=connection_file, parent_pid=parent_pid, fallback_reason=reason,

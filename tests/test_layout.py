@@ -191,5 +191,5 @@ def test_one_table_of_defaults():
     for name in ("heartbeat_timeout", "array_cache", "cache_min_bytes", "pool"):
         assert connection[name].default == DEFAULTS[name], name
     worker = inspect.signature(Worker).parameters
-    for name in set(WORKER_DEFAULTS) - {"backend", "log_level"}:  # the command line turns those into objects
+    for name in set(WORKER_DEFAULTS) - {"backend", "device_memory", "log_level"}:  # the backend's, the log's
         assert worker[name].default == WORKER_DEFAULTS[name], name

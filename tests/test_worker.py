@@ -13,6 +13,7 @@ import time
 import numpy as np
 import pytest
 from sklearn.datasets import make_classification
+from sklearn.preprocessing import StandardScaler
 
 import sklearn_gpu_bridge
 from sklearn_gpu_bridge import GPUSVC, GPUStandardScaler, VersionMismatch, WorkerLost, WorkerUnavailable
@@ -20,7 +21,7 @@ from sklearn_gpu_bridge.connect import ConnectionInfo, new_key, write_connection
 from sklearn_gpu_bridge.protocol import PROTOCOL_VERSION
 from sklearn_gpu_bridge.host import pid_alive
 
-from .conftest import BACKEND, WorkerProcess, use_worker
+from .conftest import BACKEND, WorkerProcess, assert_same, use_worker
 
 
 def _long_fit_data():
@@ -270,3 +271,27 @@ def test_a_worker_closed_from_another_thread_stops_serving_and_closes_once(tmp_p
         assert not any(reader.is_alive() for reader in worker.queue._threads)
     finally:
         connection.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind, resource", [("async", "CudaAsyncMemoryResource"), ("cuda", "CudaMemoryResource")])
+def test_a_cuml_worker_allocates_device_memory_as_its_setting_says(tmp_path, worker, kind, resource):
+    X = np.random.default_rng(0).standard_normal((5000, 20))
+    process = WorkerProcess(tmp_path, device_memory=kind)
+    try:
+        use_worker(process)
+        versions = sklearn_gpu_bridge.get_connection().status()["versions"]
+        assert versions["device_memory"] == resource
+        assert_same(GPUStandardScaler().fit_transform(X), StandardScaler().fit_transform(X))
+    finally:
+        sklearn_gpu_bridge.reset_connection()
+        process.stop()
+        use_worker(worker)
+
+
+def test_an_unknown_device_memory_setting_is_refused_before_the_worker_starts(tmp_path):
+    run = subprocess.run([sys.executable, "-m", "sklearn_gpu_bridge.worker", "--device-memory", "pool",
+                          "--connection-file", str(tmp_path / "w.json")],
+                         capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert run.returncode == 2 and "'pool' is not one of 'async', 'cuda'" in run.stderr, run.stderr
+    assert not (tmp_path / "w.json").exists()

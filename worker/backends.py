@@ -57,6 +57,36 @@ def parameter_names(cls):
     return frozenset(names() if names is not None else inspect.signature(cls).parameters)
 
 
+#: device memory that CUDA's stream-ordered pool keeps for reuse at a synchronization, at most
+#: (a quarter of the device's, at most, on a small GPU)
+ASYNC_POOL_KEEPS = 1 << 30
+
+
+def use_device_memory(kind):
+    """How this process allocates device memory for cuML and CuPy: ``"async"`` or ``"cuda"`` (leave it).
+
+    cuML and CuPy allocate through RMM, whose default calls cudaMalloc and cudaFree for every array, and
+    cudaFree waits for the whole device. A small call allocates and frees dozens of arrays (StandardScaler
+    5000x20: 46, which spent 0.55-0.75 ms of a 3-4 ms call in RMM's CuPy allocator on the H200 machine,
+    ``results/gpu-h200-1125f/thread-penalty.txt``). ``"async"``: CUDA's stream-ordered allocator
+    (cudaMallocAsync), as dask-cuda's ``--rmm-async`` sets it: freed memory is reused without waiting for
+    the device, and what the pool holds beyond :data:`ASYNC_POOL_KEEPS` goes back at the next
+    synchronization. Only the worker's own process is set so: a user's process (``InProcess``, a Dask
+    worker) keeps what its owner chose.
+    """
+    if kind == "cuda":
+        return
+    if kind != "async":
+        raise ValueError(f"device_memory must be async or cuda, not {kind!r}")
+    import cupy
+    import rmm
+
+    _, total = cupy.cuda.Device().mem_info
+    keeps = min(ASYNC_POOL_KEEPS, total // 4)
+    rmm.mr.set_current_device_resource(rmm.mr.CudaAsyncMemoryResource(release_threshold=keeps))
+    log.info("device memory: CUDA's stream-ordered pool (keeps up to %d MiB for reuse)", keeps >> 20)
+
+
 #: a float X of this many bytes or more goes to the device before cuML sees it (CumlBackend.inputs)
 DEVICE_COPY_MIN_BYTES = 8 << 20
 #: a worker's environment may set another threshold (0: every float X; the GPU tests use it to try every class)
@@ -251,12 +281,15 @@ class CumlBackend(Backend):
     device_resident = True
     float_dtype = "float32"
 
-    def __init__(self):
+    def __init__(self, device_memory=None):
+        """``device_memory``: :func:`use_device_memory`'s kind; None leaves the process's allocator as it is."""
         super().__init__()
         import cuml
 
         if is_cuml_alias(cuml):  # `alias install` in this environment
             raise ImportError("no cuML here: `import cuml` gives sklearn-gpu-bridge's alias")
+        if device_memory is not None:
+            use_device_memory(device_memory)
         cuml.set_global_output_type("numpy")
         self._cuml = cuml
         self.device_copy_min_bytes = device_copy_min_bytes()
@@ -368,6 +401,9 @@ class CumlBackend(Backend):
             versions["cupy"] = cupy.__version__
             versions["gpu"] = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
             versions["gpu_memory_total"] = int(total)
+            import rmm
+
+            versions["device_memory"] = type(rmm.mr.get_current_device_resource()).__name__
         except Exception:  # noqa: BLE001 - informative only
             log.debug("could not query the GPU", exc_info=True)
         return versions
@@ -413,15 +449,19 @@ def _as_fitted_on_float64(model):
     return model
 
 
-def make_backend(choice):
-    """The backend for ``auto|cuml|sklearn``; returns (backend, reason for fallback or None)."""
+def make_backend(choice, device_memory=None):
+    """The backend for ``auto|cuml|sklearn``; returns (backend, reason for fallback or None).
+
+    ``device_memory``: how a cuML backend's process allocates device memory (:func:`use_device_memory`;
+    a worker's setting); None leaves it as the process has it.
+    """
     if choice == "sklearn":
         return SklearnBackend(), None
     if choice == "cuml":
-        return CumlBackend(), None
+        return CumlBackend(device_memory), None
     if choice != "auto":
         raise ValueError(f"backend must be auto, cuml or sklearn, not {choice!r}")
     try:
-        return CumlBackend(), None
+        return CumlBackend(device_memory), None
     except Exception as exc:  # noqa: BLE001 - any import failure means "no cuML here"
         return SklearnBackend(), f"cuML is not usable here ({type(exc).__name__}: {exc})"
