@@ -303,7 +303,7 @@ for stage in "$@"; do
         --no-sklearn-large --out "$OUT/e2e-alloc-large-after.json" ;;
     alloc-tests)  # the same: the cuML tests of faults (the GPU's out-of-memory test), the estimators, the pool
       step 300 "$OUT/pytest-cuml-alloc.txt" "${PYTEST[@]}" -q -rfEs --tb=short tests/test_faults.py \
-        tests/test_estimators.py tests/test_pool.py ;;
+        tests/test_estimators.py tests/test_pool.py tests/test_worker.py ;;
     bell)  # the same session, later: a request slot stays armed after the watch, and the client rings the worker's
       # doorbell (then a FIFO its reader polls; now a datagram socket) when it writes there; StandardScaler (float32, float64) and the
       # LogisticRegression pair before (BEFORE_SITE) and after, one round each, then their legs after and before
