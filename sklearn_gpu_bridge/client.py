@@ -137,6 +137,7 @@ class _Link:
         self.request_slot = None  # a pool block this thread keeps (allocated at its first announcement)
         self.next_token = None  # what the worker watches the request slot for after the last reply, if it does
         self.ring = None  # the doorbell's datagram that names the request slot (reply_slot.ring_of)
+        self.closed = False
 
     def send(self, frames, doorbell=None):
         """Send a request: into the request slot too where the worker watches for it, or looks when its
@@ -174,6 +175,9 @@ class _Link:
         return self.pinger
 
     def close(self):
+        if self.closed:
+            return
+        self.closed = True
         try:
             self.socket.disable_monitor()
         except zmq.ZMQError:
@@ -183,6 +187,15 @@ class _Link:
                 sock.close(linger=0)
         if self.request_slot is not None:  # the worker only ever reads it
             self.request_slot.release()
+
+    def __del__(self):
+        """A thread's link goes when the thread ends (the connection holds links weakly), and with it its
+        sockets and its request slot: a program that starts thread after thread keeps no descriptors or pool
+        slots of the threads that are gone."""
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - at interpreter exit ZeroMQ may be gone first
+            pass
 
 
 def _ring(doorbell, ring):
@@ -259,7 +272,7 @@ class Connection:
         self._stats_lock = threading.Lock()
         self.closed = False
         self._local = threading.local()
-        self._links = []
+        self._links = weakref.WeakSet()  # every thread's link; each lives as long as its thread (_link)
         self._sockets_lock = threading.Lock()
         self._releases = deque()
         self._keepalive = None
@@ -285,7 +298,7 @@ class Connection:
         if link is None:
             link = self._local.link = _Link(self.info)
             with self._sockets_lock:
-                self._links.append(link)
+                self._links.add(link)
         return link
 
     def _drop_link(self):
@@ -294,8 +307,7 @@ class Connection:
         if link is not None:
             self._local.link = None
             with self._sockets_lock:
-                if link in self._links:
-                    self._links.remove(link)
+                self._links.discard(link)
             link.close()
 
     def _lost(self, message):
@@ -751,7 +763,7 @@ class Connection:
     def _close_sockets(self):
         self._stop_keepalive_thread()
         with self._sockets_lock:
-            for link in self._links:
+            for link in list(self._links):
                 link.close()
             self._links.clear()
         if self.pool is not None:

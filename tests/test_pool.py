@@ -490,11 +490,43 @@ def test_threads_share_the_pool_without_mixing_arrays(connection):
     assert pooled > 20  # the pool really was used, from every thread at once
     assert connection.stats["sent_pool"] > before
     gc.collect()
-    assert connection.pool.slots_in_use == baseline
+    assert connection.pool.slots_in_use == baseline  # the executor's threads are gone, and their request slots
+
+
+@pytest.mark.parametrize("reply_wait", ["spin", "sleep"])
+def test_threads_that_end_leave_no_sockets_or_slots_behind(connection, reply_wait):
+    """A program that starts thread after thread (a ThreadPoolExecutor per task) must not keep each gone
+    thread's sockets, their descriptors, or its request slot until the process exits."""
+    def calls():
+        for _ in range(2):
+            connection.echo(np.ones(1000))
+
+    def descriptors():
+        return len(os.listdir("/proc/self/fd"))
+
+    with sklearn_gpu_bridge.config_context(reply_wait=reply_wait):
+        calls()  # this thread's own link, made before the count
+        gc.collect()
+        slots, fds = connection.pool.slots_in_use, descriptors()
+        for _ in range(60):
+            thread = threading.Thread(target=calls)
+            thread.start()
+            thread.join()
+        gc.collect()
+        assert connection.pool.slots_in_use == slots
+        assert descriptors() < fds + 10  # each thread's link held 3 (two sockets, one connection): 180 kept
+
+
+def _slots_after_a_first_request(connection):
+    """The pool's slots in use once this thread has made a request: where replies are watched for, the
+    thread's link keeps a request slot from its first request on, for as long as the thread lives."""
+    connection.echo(np.ones(3))
+    gc.collect()
+    return connection.pool.slots_in_use
 
 
 def test_results_hold_their_slots_until_they_are_freed(connection):
-    baseline = connection.pool.slots_in_use
+    baseline = _slots_after_a_first_request(connection)
     big = np.random.default_rng(5).standard_normal((300, 300))
     results = [connection.echo(big)[0] for _ in range(3)]
     assert connection.pool.slots_in_use > baseline
@@ -530,7 +562,7 @@ def test_two_processes_share_one_worker(worker, connection):
 def test_array_larger_than_a_segment_round_trips(connection):
     big = np.random.default_rng(3).standard_normal(10_000_000)  # 80 MB: 77 slots, a segment holds 64
     assert big.nbytes > 64 * SLOT_SIZE
-    baseline = connection.pool.slots_in_use
+    baseline = _slots_after_a_first_request(connection)
     before = dict(connection.stats)
     result = connection.echo(big[::-1].reshape(2000, 5000), big)
     np.testing.assert_array_equal(result[0], big[::-1].reshape(2000, 5000))
