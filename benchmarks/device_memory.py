@@ -48,7 +48,7 @@ def main():
         "StandardScaler fit_transform 5000x20": lambda: StandardScaler().fit_transform(small[0]),
         "LogisticRegression fit+predict 5000x20": lambda: LogisticRegression().fit(*small).predict(small[0]),
         "SVC(rbf) fit+predict 500x20": lambda: SVC().fit(*tiny).predict(tiny[0]),
-        "KMeans(8) fit_predict 1M x 50": lambda: KMeans(8, random_state=0).fit_predict(large[0]),
+        "KMeans(8) fit_predict 1M x 50": lambda: KMeans(n_clusters=8, random_state=0).fit_predict(large[0]),
         "LogisticRegression fit 1M x 50": lambda: LogisticRegression().fit(*large),
     }
     rows = {}
