@@ -304,6 +304,10 @@ for stage in "$@"; do
     alloc-tests)  # the same: the cuML tests of faults (the GPU's out-of-memory test), the estimators, the pool
       step 300 "$OUT/pytest-cuml-alloc.txt" "${PYTEST[@]}" -q -rfEs --tb=short tests/test_faults.py \
         tests/test_estimators.py tests/test_pool.py tests/test_worker.py ;;
+    links)  # the same session, later: a thread's link goes with its thread (fbdbfd0); the pool's cuML tests again,
+      # then cuML in process under each allocator with the large cases too
+      step 200 "$OUT/pytest-cuml-links.txt" "${PYTEST[@]}" -q -rfEs --tb=short tests/test_pool.py tests/test_worker.py
+      step 250 "$OUT/device-memory-2.txt" python3 benchmarks/device_memory.py --out "$OUT/device-memory-2.json" ;;
     bell)  # the same session, later: a request slot stays armed after the watch, and the client rings the worker's
       # doorbell (then a FIFO its reader polls; now a datagram socket) when it writes there; StandardScaler (float32, float64) and the
       # LogisticRegression pair before (BEFORE_SITE) and after, one round each, then their legs after and before
