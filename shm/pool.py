@@ -178,7 +178,9 @@ class Pool:
         self._segments = []
         self._used = []  # one bytearray per segment: 1 = slot in a block
         self._paths = []
-        self._lock = threading.Lock()
+        # reentrant: a block may be freed by a collection that runs while this thread holds the lock (a gone
+        # thread's request slot, client._Link.__del__)
+        self._lock = threading.RLock()
         self._finalizer = weakref.finalize(self, _close_segments, self._segments, self._paths, os.getpid())
         if self.directory is not None:
             remove_orphans(self.directory)
