@@ -26,6 +26,10 @@ def main():
 
 
 W = WORKER_DEFAULTS
+_device_memory_option = click.option(
+    "--device-memory", default=W["device_memory"], type=click.Choice(["async", "cuda"]),
+    help="How a cuML worker allocates device memory: async (CUDA's stream-ordered pool, as dask-cuda's "
+         "--rmm-async) or cuda (cudaMalloc and cudaFree per array, cuML's default).")
 
 
 @main.command(short_help="Run a worker in this process, in the foreground.")
@@ -36,9 +40,7 @@ W = WORKER_DEFAULTS
 @click.option("--port", default=W["port"], type=click.IntRange(0, 65535), help="TCP port; 0 picks a free one.")
 @click.option("--backend", default=W["backend"], type=BACKENDS,
               help="auto: cuML when importable, otherwise scikit-learn on CPU.")
-@click.option("--device-memory", default=W["device_memory"], type=click.Choice(["async", "cuda"]),
-              help="How a cuML worker allocates device memory: async (CUDA's stream-ordered pool, as dask-cuda's "
-                   "--rmm-async) or cuda (cudaMalloc and cudaFree per array, cuML's default).")
+@_device_memory_option
 @click.option("--connection-file", type=click.Path(dir_okay=False), default=str(default_connection_file()),
               help="Where to write address and key (mode 0600) once ready.")
 @click.option("--threads", default=W["threads"], type=click.IntRange(1), help="Estimator calls run at once.")
@@ -163,6 +165,7 @@ def _print_status(result):
               help="Where the worker's log goes (appended). Default: next to the connection file, .log.")
 @click.option("--log-level", default=W["log_level"], type=LOG_LEVELS)
 @click.option("--threads", default=W["threads"], type=click.IntRange(1), help="Estimator calls run at once.")
+@_device_memory_option
 @click.option("--port", default=W["port"], type=click.IntRange(0, 65535), help="TCP port on 127.0.0.1; 0 picks a free one.")
 @click.option("--pool-dir", "pool_dirs", multiple=True, type=click.Path(file_okay=False),
               help="Extra folder where the worker finds clients' pools (repeatable).")
@@ -171,8 +174,8 @@ def _print_status(result):
               help="Seconds to wait for the worker to be ready. Default: the setting startup_timeout.")
 @click.option("--measure/--no-measure", default=None,
               help="Measure the transport paths once ready (default: with --wsl) for transport=auto.")
-def start(backend, connection_file, log_file, log_level, threads, port, pool_dirs, use_wsl, distro, python,
-          startup_timeout, measure):
+def start(backend, connection_file, log_file, log_level, threads, device_memory, port, pool_dirs, use_wsl, distro,
+          python, startup_timeout, measure):
     """Start a worker in the background and wait until it is ready.
 
     With the default connection file, every Python process of this user (in any environment) uses
@@ -183,7 +186,8 @@ def start(backend, connection_file, log_file, log_level, threads, port, pool_dir
 
     try:
         result = start_worker(backend=backend, connection_file=connection_file, log_file=log_file,
-                              log_level=log_level, threads=threads, port=port, pool_dirs=pool_dirs,
+                              log_level=log_level, threads=threads, device_memory=device_memory, port=port,
+                              pool_dirs=pool_dirs,
                               python=python, use_wsl=use_wsl, distro=distro, startup_timeout=startup_timeout,
                               measure=measure)
     except ServiceError as exc:

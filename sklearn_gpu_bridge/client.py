@@ -138,6 +138,8 @@ class _Link:
         self.next_token = None  # what the worker watches the request slot for after the last reply, if it does
         self.ring = None  # the doorbell's datagram that names the request slot (reply_slot.ring_of)
         self.closed = False
+        self._close_lock = threading.Lock()
+        self.pid = os.getpid()
 
     def send(self, frames, doorbell=None):
         """Send a request: into the request slot too where the worker watches for it, or looks when its
@@ -175,9 +177,10 @@ class _Link:
         return self.pinger
 
     def close(self):
-        if self.closed:
-            return
-        self.closed = True
+        with self._close_lock:  # the thread that ends and one that closes the connection may both try
+            if self.closed:
+                return
+            self.closed = True
         try:
             self.socket.disable_monitor()
         except zmq.ZMQError:
@@ -191,7 +194,10 @@ class _Link:
     def __del__(self):
         """A thread's link goes when the thread ends (the connection holds links weakly), and with it its
         sockets and its request slot: a program that starts thread after thread keeps no descriptors or pool
-        slots of the threads that are gone."""
+        slots of the threads that are gone. Not in a forked child, which drops the other threads' links
+        of its parent: their sockets are the parent's."""
+        if getattr(self, "pid", None) != os.getpid():
+            return
         try:
             self.close()
         except Exception:  # noqa: BLE001 - at interpreter exit ZeroMQ may be gone first

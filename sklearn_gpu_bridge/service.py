@@ -139,8 +139,8 @@ def _answering(path, timeout=2.0):
 
 
 def start(*, backend="auto", connection_file=None, log_file=None, log_level="INFO", threads=1,
-          bind=WORKER_DEFAULTS["bind"], port=0, pool_dirs=(), python=None, use_wsl=False, distro=None,
-          startup_timeout=None, measure=None, wsl_exe=None, windows=None):
+          device_memory=WORKER_DEFAULTS["device_memory"], bind=WORKER_DEFAULTS["bind"], port=0, pool_dirs=(),
+          python=None, use_wsl=False, distro=None, startup_timeout=None, measure=None, wsl_exe=None, windows=None):
     """Start a background worker, wait until it is ready, and return what ``status`` returns.
 
     ``use_wsl``: run it inside WSL2 (``distro``, ``python``: the Python there).
@@ -167,8 +167,9 @@ def start(*, backend="auto", connection_file=None, log_file=None, log_level="INF
             _clear_stale(connection_file)
             started = time.monotonic()
             _launch(connection_file, config, backend=backend, log_file=log_file, log_level=log_level,
-                    threads=threads, bind=bind, port=port, pool_dirs=pool_dirs, python=python, use_wsl=use_wsl,
-                    distro=distro, startup_timeout=startup_timeout, wsl_exe=wsl_exe, windows=windows)
+                    threads=threads, device_memory=device_memory, bind=bind, port=port, pool_dirs=pool_dirs,
+                    python=python, use_wsl=use_wsl, distro=distro, startup_timeout=startup_timeout,
+                    wsl_exe=wsl_exe, windows=windows)
     except TimeoutError as exc:
         raise ServiceError(str(exc)) from None
     ready_seconds = time.monotonic() - started
@@ -182,19 +183,19 @@ def start(*, backend="auto", connection_file=None, log_file=None, log_level="INF
     return result
 
 
-def _launch(connection_file, config, *, backend, log_file, log_level, threads, bind, port, pool_dirs, python,
-            use_wsl, distro, startup_timeout, wsl_exe, windows):
+def _launch(connection_file, config, *, backend, log_file, log_level, threads, device_memory, bind, port,
+            pool_dirs, python, use_wsl, distro, startup_timeout, wsl_exe, windows):
     """Start the worker (here or inside WSL2), keep what is known of it, and wait until it is ready."""
     if use_wsl:
         distro = distro or config["wsl_distro"]
         python = python or config["wsl_python"]
         argv, state = _wsl_launch(connection_file, backend=backend, log_level=log_level, threads=threads,
-                                  bind=bind, port=port, pool_dirs=pool_dirs, python=python, distro=distro,
-                                  wsl_exe=wsl_exe or find_wsl_exe(), windows=windows)
+                                  device_memory=device_memory, bind=bind, port=port, pool_dirs=pool_dirs,
+                                  python=python, distro=distro, wsl_exe=wsl_exe or find_wsl_exe(), windows=windows)
     else:
         argv = worker_argv(None if python in (None, sys.executable) else python, connection_file=connection_file,
-                           backend=backend, log_level=log_level, threads=threads, bind=bind, port=port,
-                           pool_dirs=pool_dirs)
+                           backend=backend, log_level=log_level, threads=threads, device_memory=device_memory,
+                           bind=bind, port=port, pool_dirs=pool_dirs)
         state = {"wsl": None, "pool_candidates": [
             {"name": "pool-dir", "client": str(d), "worker": str(d)} for d in pool_dirs]}
     process = spawn(argv, log_file, cwd=connection_file.parent, detached=True, windows=windows,
@@ -260,8 +261,8 @@ def run_probe(*, python, use_wsl, distro=None, wsl_exe=None, params=None, timeou
     return json.loads(lines[-1])
 
 
-def _wsl_launch(connection_file, *, backend, log_level, threads, bind, port, pool_dirs, python, distro,
-                wsl_exe, windows):
+def _wsl_launch(connection_file, *, backend, log_level, threads, device_memory, bind, port, pool_dirs, python,
+                distro, wsl_exe, windows):
     """(wsl.exe command line, state) for a worker in WSL2 writing its file where this side reads it."""
     folder = Path(connection_file).parent
     shared_pool = folder / "pool"  # on the Windows disk: /mnt/<drive>/... inside WSL
@@ -290,7 +291,8 @@ def _wsl_launch(connection_file, *, backend, log_level, threads, bind, port, poo
     argv = wsl.wsl_command(
         worker_argv(probe.get("executable") or python,  # the probe's: an absolute path
                     connection_file=inside(folder) + "/" + Path(connection_file).name, safe_path=False,
-                    backend=backend, log_level=log_level, threads=threads, bind=bind, port=port,
+                    backend=backend, log_level=log_level, threads=threads, device_memory=device_memory,
+                    bind=bind, port=port,
                     pool_dirs=list(dict.fromkeys(worker_pool_dirs))),
         distro=distro, wsl_exe=wsl_exe,
     )

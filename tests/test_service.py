@@ -292,7 +292,7 @@ def test_start_wsl_doctor_and_stop_through_wsl_exe(tmp_path, fake_wsl):
     exe, calls = fake_wsl
     connection_file = tmp_path / "LocalAppData" / "sklearn-gpu-bridge" / "worker.json"
     result = service.start(backend="sklearn", connection_file=connection_file, use_wsl=True, distro="FakeLinux",
-                           python=sys.executable, wsl_exe=str(exe), windows=False)
+                           python=sys.executable, wsl_exe=str(exe), windows=False, device_memory="cuda")
     linux_pid = result["pid"]
     state = read_state(connection_file)
     try:
@@ -303,6 +303,7 @@ def test_start_wsl_doctor_and_stop_through_wsl_exe(tmp_path, fake_wsl):
         assert probe_call[6] == "-c" and probe_call[7].startswith("exec(bytes.fromhex('")
         assert worker_call[6:8] == ["-m", "sklearn_gpu_bridge.worker"]
         assert worker_call[worker_call.index("--connection-file") + 1] == str(connection_file)
+        assert worker_call[worker_call.index("--device-memory") + 1] == "cuda"  # the worker's setting, passed on
         shared_pool = str(connection_file.parent / "pool")
         assert shared_pool in [worker_call[i + 1] for i, a in enumerate(worker_call) if a == "--pool-dir"]
         assert (tmp_path / "linux-home" / ".cache" / "sklearn-gpu-bridge" / "pool").is_dir()  # made by the probe

@@ -295,3 +295,11 @@ def test_an_unknown_device_memory_setting_is_refused_before_the_worker_starts(tm
                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert run.returncode == 2 and "'pool' is not one of 'async', 'cuda'" in run.stderr, run.stderr
     assert not (tmp_path / "w.json").exists()
+
+
+@pytest.mark.parametrize("backend", ["auto", "cuml", "sklearn"])
+def test_an_unknown_device_memory_setting_is_an_error_not_a_fallback_to_the_cpu(backend):
+    from sklearn_gpu_bridge.worker.backends import make_backend
+
+    with pytest.raises(ValueError, match="device_memory must be async or cuda, not 'pool'"):
+        make_backend(backend, device_memory="pool")

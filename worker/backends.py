@@ -76,15 +76,24 @@ def use_device_memory(kind):
     """
     if kind == "cuda":
         return
-    if kind != "async":
-        raise ValueError(f"device_memory must be async or cuda, not {kind!r}")
+    _check_device_memory(kind)
     import cupy
     import rmm
 
-    _, total = cupy.cuda.Device().mem_info
-    keeps = min(ASYNC_POOL_KEEPS, total // 4)
-    rmm.mr.set_current_device_resource(rmm.mr.CudaAsyncMemoryResource(release_threshold=keeps))
+    try:
+        _, total = cupy.cuda.Device().mem_info
+        keeps = min(ASYNC_POOL_KEEPS, total // 4)
+        rmm.mr.set_current_device_resource(rmm.mr.CudaAsyncMemoryResource(release_threshold=keeps))
+    except Exception as exc:  # noqa: BLE001 - a GPU or driver without memory pools: cuML's own way, said
+        log.warning("CUDA's stream-ordered pool is not usable here (%s: %s); device memory is allocated as "
+                    "cuML does by default", type(exc).__name__, exc)
+        return
     log.info("device memory: CUDA's stream-ordered pool (keeps up to %d MiB for reuse)", keeps >> 20)
+
+
+def _check_device_memory(kind):
+    if kind not in (None, "async", "cuda"):
+        raise ValueError(f"device_memory must be async or cuda, not {kind!r}")
 
 
 #: a float X of this many bytes or more goes to the device before cuML sees it (CumlBackend.inputs)
@@ -455,6 +464,7 @@ def make_backend(choice, device_memory=None):
     ``device_memory``: how a cuML backend's process allocates device memory (:func:`use_device_memory`;
     a worker's setting); None leaves it as the process has it.
     """
+    _check_device_memory(device_memory)  # before the fallback below: a wrong value is not "no cuML here"
     if choice == "sklearn":
         return SklearnBackend(), None
     if choice == "cuml":
