@@ -11,7 +11,7 @@ import sys
 
 import click
 
-from .config import ENV_PREFIX, WORKER_DEFAULTS
+from .config import DEVICE_MEMORY_KINDS, ENV_PREFIX, WORKER_DEFAULTS
 from .connect import default_connection_file
 
 ENVVAR_PREFIX = ENV_PREFIX.rstrip("_")
@@ -27,7 +27,7 @@ def main():
 
 W = WORKER_DEFAULTS
 _device_memory_option = click.option(
-    "--device-memory", default=W["device_memory"], type=click.Choice(["async", "cuda"]),
+    "--device-memory", default=W["device_memory"], type=click.Choice(DEVICE_MEMORY_KINDS),
     help="How a cuML worker allocates device memory: async (CUDA's stream-ordered pool, as dask-cuda's "
          "--rmm-async) or cuda (cudaMalloc and cudaFree per array, cuML's default).")
 

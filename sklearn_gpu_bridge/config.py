@@ -74,6 +74,9 @@ DEFAULTS = {
     "curve_secret_key": None,
 }
 
+#: the values of the worker setting ``device_memory`` (worker.backends.use_device_memory)
+DEVICE_MEMORY_KINDS = ("async", "cuda")
+
 WORKER_DEFAULTS = {
     # where to listen: "ipc" (a socket in this user's private folder: clients on this host), a loopback
     # address for TCP (WSL2 to Windows; PLAIN, password from the key), or any other (needs curve_secret_key)

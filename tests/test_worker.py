@@ -9,6 +9,7 @@ import sys
 import textwrap
 import threading
 import time
+import types
 
 import numpy as np
 import pytest
@@ -301,5 +302,29 @@ def test_an_unknown_device_memory_setting_is_refused_before_the_worker_starts(tm
 def test_an_unknown_device_memory_setting_is_an_error_not_a_fallback_to_the_cpu(backend):
     from sklearn_gpu_bridge.worker.backends import make_backend
 
-    with pytest.raises(ValueError, match="device_memory must be async or cuda, not 'pool'"):
+    with pytest.raises(ValueError, match="device_memory must be one of async, cuda, not 'pool'"):
         make_backend(backend, device_memory="pool")
+
+
+def test_a_gpu_without_memory_pools_keeps_cumls_allocator_and_says_so(monkeypatch, caplog):
+    """CUDA's memory pools are not on every GPU or driver (some vGPU and TCC set-ups have none). There RMM's
+    async resource refuses to be made, and the worker must keep cuML's own allocator and say why, not stop or
+    fall back to the CPU. RMM and CuPy are stood in for by modules that behave as they do on such a driver:
+    no GPU here has none."""
+    made = []
+
+    def refused(**kwargs):
+        raise RuntimeError("cudaErrorNotSupported: memory pools are not supported on this device")
+
+    fake_cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(
+        Device=lambda: types.SimpleNamespace(mem_info=(8 << 30, 16 << 30))))
+    fake_rmm = types.SimpleNamespace(mr=types.SimpleNamespace(CudaAsyncMemoryResource=refused,
+                                                              set_current_device_resource=made.append))
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
+    monkeypatch.setitem(sys.modules, "rmm", fake_rmm)
+    from sklearn_gpu_bridge.worker.backends import use_device_memory
+
+    with caplog.at_level("WARNING", logger="sklearn_gpu_bridge.worker.backends"):
+        use_device_memory("async")
+    assert made == []
+    assert "CUDA's stream-ordered pool is not usable here (RuntimeError: cudaErrorNotSupported" in caplog.text

@@ -20,6 +20,7 @@ import cloudpickle
 import numpy as np
 
 from sklearn_gpu_bridge.catalogue import FIT_METHODS, NEUTRAL, is_cuml_alias, load, lookup
+from sklearn_gpu_bridge.config import DEVICE_MEMORY_KINDS
 from sklearn_gpu_bridge.errors import NotOnWorker, ProtocolError
 from sklearn_gpu_bridge.translate import to_sklearn
 
@@ -74,9 +75,9 @@ def use_device_memory(kind):
     synchronization. Only the worker's own process is set so: a user's process (``InProcess``, a Dask
     worker) keeps what its owner chose.
     """
-    if kind == "cuda":
-        return
     _check_device_memory(kind)
+    if kind != "async":
+        return
     import cupy
     import rmm
 
@@ -92,8 +93,8 @@ def use_device_memory(kind):
 
 
 def _check_device_memory(kind):
-    if kind not in (None, "async", "cuda"):
-        raise ValueError(f"device_memory must be async or cuda, not {kind!r}")
+    if kind is not None and kind not in DEVICE_MEMORY_KINDS:
+        raise ValueError(f"device_memory must be one of {', '.join(DEVICE_MEMORY_KINDS)}, not {kind!r}")
 
 
 #: a float X of this many bytes or more goes to the device before cuML sees it (CumlBackend.inputs)
