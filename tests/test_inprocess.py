@@ -184,6 +184,22 @@ def test_cuml_in_process_answers_as_a_cuml_worker():
             np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4, err_msg=name)
 
 
+@pytest.mark.gpu
+def test_cuml_in_process_keeps_the_device_memory_its_process_chose(tmp_path):
+    """The worker's ``device_memory`` is the worker's: cuML run in a user's own process (a Dask worker's, here
+    forced) allocates from whatever resource that process set, before and after a call."""
+    code = textwrap.dedent("""
+        import numpy as np, rmm, sklearn_gpu_bridge
+        rmm.mr.set_current_device_resource(rmm.mr.PoolMemoryResource(rmm.mr.CudaMemoryResource(), 1 << 26))
+        sklearn_gpu_bridge.set_config(execution="in_process")
+        sklearn_gpu_bridge.GPUStandardScaler().fit_transform(np.ones((100, 3)))
+        print(type(rmm.mr.get_current_device_resource()).__name__)
+    """)
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split()[-1] == "PoolMemoryResource"
+
+
 @without_cuml
 def test_the_cuml_alias_is_not_taken_for_cuml(tmp_path):
     """A process with the alias enabled (and no real cuML) still goes through a bridge worker in Dask."""
