@@ -317,6 +317,11 @@ for stage in "$@"; do
         --only "StandardScaler fit_transform 5000x20" --out /tmp/legs.json
       step 60 "$OUT/bell-legs-before.txt" env PYTHONPATH="$BEFORE_SITE:$PYTHONPATH" python3 benchmarks/e2e.py \
         --parts profile --only "StandardScaler fit_transform 5000x20" --out /tmp/legs.json ;;
+    gap)  # issue 15, seventh session: a small call after each kind of pause (none, gc.collect(), sleeps, numpy work),
+      # the bridge with the worker's watch of 3 ms and of 200 ms, cuML in process under each allocator; then the GPU
+      # test of cuML in a user's process keeping its allocator (written last session, not run)
+      step 300 "$OUT/idle-gap.txt" bash -c "cd benchmarks && python3 idle_gap.py --out $OUT/idle-gap.json"
+      step 120 "$OUT/pytest-cuml-inprocess.txt" "${PYTEST[@]}" -q -rfEs --tb=short tests/test_inprocess.py ;;
     table)  # the README's table: every case, three ways, scikit-learn on all cores included
       step 590 "$OUT/e2e-table.txt" python3 benchmarks/e2e.py --parts cases --out "$OUT/e2e-table.json" ;;
     grid-njobs)  # the README's n_jobs rows: the grid with the default worker, 3 repeats
