@@ -178,10 +178,9 @@ def timed(run, repeats):
 class WorkerProcess(LaunchedWorker):
     """A worker in a temp folder (launch.LaunchedWorker): how long it took to be ready, its memory."""
 
-    def __init__(self, backend, threads=None, python=None):
-        options = {"threads": threads} if threads else {}
-        super().__init__(tempfile.mkdtemp(prefix="sgb-e2e-"), backend=backend, log_level="WARNING", python=python,
-                         **options)
+    def __init__(self, backend, threads=None, **options):
+        options.update({"threads": threads} if threads else {})
+        super().__init__(tempfile.mkdtemp(prefix="sgb-e2e-"), backend=backend, log_level="WARNING", **options)
 
     def rss_mb(self):
         for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():

@@ -3,15 +3,18 @@
 The README's table times every call after a ``gc.collect()``, and between two
 bridged calls of a case it also runs scikit-learn and cuML: the worker has
 been idle for tens of milliseconds. After a reply, a worker thread watches for
-the client's next request for ``reply_slot.WATCH_SECONDS`` (3 ms), then sleeps
-until the client rings. This measures what a pause costs each way:
+the client's next request for the worker's ``watch_ms`` (200 ms; 3 ms before
+that setting), then sleeps until the client rings. This measures what a pause
+costs each way:
 
 - pauses: none (back to back), ``gc.collect()``, a sleep of 1, 10 and 100 ms,
   and 10 ms of numpy work on this core;
-- ways: the bridge (its default worker), the bridge whose worker watches for
-  ``--long-watch-ms`` (a worker started with that constant changed; an
-  experiment, not a setting), cuML in process under cuML's default allocator
-  (``cuda``) and under the pool the worker uses (``async``).
+- workers, one after the other: ``watch_ms`` of ``--short-watch-ms`` (3, the
+  watch before the setting) and ``--long-watch-ms`` (200, the default);
+- ways, with each worker: the bridge, cuML in process under cuML's default
+  allocator (``cuda``) and under the pool the worker uses (``async``).
+
+The worker's CPU time over each phase is recorded too: what the watch costs.
 
 Each way's call follows its own pause; the ways run in turn within a pause.
 With ``--backend sklearn`` (no cuML), "in process" is scikit-learn, and the
@@ -25,9 +28,7 @@ client spins for its replies as it does by default beside a cuML worker
 import argparse
 import gc
 import json
-import shlex
-import sys
-import tempfile
+import os
 import time
 from pathlib import Path
 
@@ -57,16 +58,10 @@ def busy_for(seconds):
     return n
 
 
-def watching_python(folder, seconds):
-    """A ``python`` for LaunchedWorker whose worker watches for ``seconds`` after a reply (an experiment)."""
-    code = ("import runpy, sys; from sklearn_gpu_bridge.protocol import reply_slot; "
-            f"reply_slot.WATCH_SECONDS = {seconds!r}; "
-            "runpy.run_module('sklearn_gpu_bridge.worker', run_name='__main__', alter_sys=True)")
-    script = Path(folder) / "watching-python"
-    # worker_argv passes "-m sklearn_gpu_bridge.worker ARGS": drop the first two, keep the worker's options
-    script.write_text(f"#!/bin/sh\nshift 2\nexec {shlex.quote(sys.executable)} -c {shlex.quote(code)} \"$@\"\n")
-    script.chmod(0o700)
-    return script
+def worker_cpu_seconds(pid):
+    """User and system CPU seconds of a process so far (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def in_process_ways(backend):
@@ -139,20 +134,22 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", default="cuml", choices=["cuml", "sklearn"])
     parser.add_argument("--repeats", type=int, default=40)
+    parser.add_argument("--short-watch-ms", type=float, default=3.0)
     parser.add_argument("--long-watch-ms", type=float, default=200.0)
     parser.add_argument("--out")
     args = parser.parse_args()
 
     rounds = busy_for(0.2) / 20  # matrix products in 10 ms on this core
     PAUSES["numpy 10 ms"] = lambda: busy_for(0.010)
-    report = {"backend": args.backend, "repeats": args.repeats, "long_watch_ms": args.long_watch_ms,
-              "numpy_10ms_products": rounds, "phases": {}}
+    report = {"backend": args.backend, "repeats": args.repeats, "numpy_10ms_products": rounds, "phases": {},
+              "worker_cpu": {}}
     wrap = in_process_ways(args.backend)
-    for phase, watch in (("default watch", None), (f"watch {args.long_watch_ms:g} ms", args.long_watch_ms / 1e3)):
+    for watch_ms in (args.short_watch_ms, args.long_watch_ms):
+        phase = f"watch {watch_ms:g} ms"
         worker = None
         try:
-            python = watching_python(tempfile.mkdtemp(prefix="sgb-gap-"), watch) if watch is not None else None
-            worker = WorkerProcess(args.backend, python=python)
+            worker = WorkerProcess(args.backend, watch_ms=watch_ms)
+            cpu_before, wall_before = worker_cpu_seconds(worker.pid), time.monotonic()
             sklearn_gpu_bridge.set_config(connection_file=str(worker.connection_file), start_local_worker=False,
                                           reply_wait="spin" if args.backend == "sklearn" else "auto")
             rows = {}
@@ -165,6 +162,9 @@ def main():
                                      if way != "bridge")
                     print(f"[{phase}] {case} | after {pause}: {line} ms | {over}", flush=True)
             report["phases"][phase] = rows
+            cpu, wall = worker_cpu_seconds(worker.pid) - cpu_before, time.monotonic() - wall_before
+            report["worker_cpu"][phase] = {"cpu_s": cpu, "wall_s": wall}
+            print(f"[{phase}] the worker used {cpu:.1f} s of CPU in {wall:.1f} s", flush=True)
         finally:
             sklearn_gpu_bridge.reset_connection()
             if worker is not None:

@@ -69,6 +69,10 @@ _device_memory_option = click.option(
 @click.option("--array-cache-mb", default=W["array_cache_mb"], type=click.FloatRange(0),
               help="MiB of arrays kept for clients (all together), so that an array a client sends again "
                    "(GridSearchCV's folds) does not travel again. 0: keep none.")
+@click.option("--watch-ms", default=W["watch_ms"], type=click.FloatRange(0),
+              help="Milliseconds a worker thread keeps watching for the next request of a client on this host "
+                   "that spins for its replies (one core busy meanwhile, only while the worker has nothing else "
+                   "to do); then it sleeps until the client rings. 0: sleep at once.")
 @click.option("--log-level", default=W["log_level"], type=LOG_LEVELS)
 def worker(backend, device_memory, connection_file, parent_pid, log_level, **settings):
     """Run a worker in this process until SIGINT, SIGTERM or a shutdown request."""

@@ -210,15 +210,15 @@ def test_an_unknown_reply_wait_is_refused_before_anything_is_sent(connection):
 # ---------------------------------------------------------------- requests read from the pool (next_slot)
 
 
-def _worker_in_this_process(tmp_path, monkeypatch, watch_seconds):
-    """A worker in this process whose threads watch a request slot for ``watch_seconds`` after each reply."""
+def _worker_in_this_process(tmp_path, monkeypatch, watch_ms):
+    """A worker in this process whose threads watch a request slot for ``watch_ms`` after each reply."""
     from sklearn_gpu_bridge.connect import read_connection_file
     from sklearn_gpu_bridge.worker.backends import SklearnBackend
     from sklearn_gpu_bridge.worker.server import Worker
 
-    monkeypatch.setattr(reply_slot, "WATCH_SECONDS", watch_seconds)
     monkeypatch.setattr(client, "SPIN_SECONDS", 60.0)
-    worker = Worker(SklearnBackend(), connection_file=str(tmp_path / "worker.json"), threads=2).start()
+    worker = Worker(SklearnBackend(), connection_file=str(tmp_path / "worker.json"), threads=2,
+                    watch_ms=watch_ms).start()
     thread = threading.Thread(target=worker.serve_forever, daemon=True)
     thread.start()
     connections = []
@@ -238,7 +238,7 @@ def _worker_in_this_process(tmp_path, monkeypatch, watch_seconds):
 def watching_worker(tmp_path, monkeypatch):
     """A worker in this process whose threads watch a request slot for a minute after each reply (unless other
     work comes): every next request that is written there is read there, however slow the host."""
-    yield from _worker_in_this_process(tmp_path, monkeypatch, 60.0)
+    yield from _worker_in_this_process(tmp_path, monkeypatch, 60_000.0)
 
 
 @pytest.fixture
@@ -350,6 +350,24 @@ def _answer(connection, link, msg_id, timeout=10.0):
         if header.get("parent") == msg_id:
             return header
     return None
+
+
+def test_a_worker_thread_watches_as_long_as_its_watch_ms_says(watching_worker):
+    """After pauses of 30 ms between calls (ten times the watch the worker had before ``watch_ms``), a worker
+    whose watch is longer still has a thread on the slot: it is never armed for the doorbell, nothing rings, and
+    the next requests are read from the slot."""
+    worker, connect = watching_worker
+    connection = connect()
+    X = np.random.default_rng(9).standard_normal((40, 3))
+    with sklearn_gpu_bridge.config_context(reply_wait="spin"):
+        armed = []
+        for k in range(5):
+            assert_same(_scaled(connection, X + k), StandardScaler().fit_transform(X + k))
+            time.sleep(0.030)
+            armed.append(connection._link().ring in worker._armed)
+    assert not any(armed), armed
+    assert worker.counts["rung"] == 0
+    assert 1 <= worker.counts["from_slot"] <= 4  # the reader may still take a ZeroMQ copy first (one process here)
 
 
 def test_a_request_written_after_the_watch_is_read_when_the_doorbell_rings(ringing_worker):

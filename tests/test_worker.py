@@ -290,6 +290,29 @@ def test_a_cuml_worker_allocates_device_memory_as_its_setting_says(tmp_path, wor
         use_worker(worker)
 
 
+@pytest.mark.parametrize("how", ["option", "environment"])
+def test_a_workers_watch_is_set_by_its_option_or_its_environment_variable(tmp_path, worker, how, monkeypatch):
+    """``--watch-ms`` and SKLEARN_GPU_BRIDGE_WORKER_WATCH_MS reach the worker (its status says what it uses)."""
+    if how == "environment":
+        monkeypatch.setenv("SKLEARN_GPU_BRIDGE_WORKER_WATCH_MS", "7.5")
+    process = WorkerProcess(tmp_path, **({"watch_ms": 7.5} if how == "option" else {}))
+    try:
+        use_worker(process)
+        assert abs(sklearn_gpu_bridge.get_connection().status()["watch_ms"] - 7.5) < 1e-9
+    finally:
+        sklearn_gpu_bridge.reset_connection()
+        process.stop()
+        use_worker(worker)
+
+
+def test_a_negative_watch_is_refused_before_the_worker_starts(tmp_path):
+    run = subprocess.run([sys.executable, "-m", "sklearn_gpu_bridge.worker", "--watch-ms", "-1",
+                          "--connection-file", str(tmp_path / "w.json")],
+                         capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert run.returncode == 2 and "--watch-ms" in run.stderr, run.stderr
+    assert not (tmp_path / "w.json").exists()
+
+
 def test_an_unknown_device_memory_setting_is_refused_before_the_worker_starts(tmp_path):
     run = subprocess.run([sys.executable, "-m", "sklearn_gpu_bridge.worker", "--device-memory", "pool",
                           "--connection-file", str(tmp_path / "w.json")],

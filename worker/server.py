@@ -176,7 +176,8 @@ class Worker:
                  pool_dirs=WORKER_DEFAULTS["pool_dirs"], key_file=WORKER_DEFAULTS["key_file"],
                  curve_secret_key=WORKER_DEFAULTS["curve_secret_key"], curve_allow=WORKER_DEFAULTS["curve_allow"],
                  client_timeout=WORKER_DEFAULTS["client_timeout"], max_queued=WORKER_DEFAULTS["max_queued"],
-                 max_frame_mb=WORKER_DEFAULTS["max_frame_mb"], array_cache_mb=WORKER_DEFAULTS["array_cache_mb"]):
+                 max_frame_mb=WORKER_DEFAULTS["max_frame_mb"], array_cache_mb=WORKER_DEFAULTS["array_cache_mb"],
+                 watch_ms=WORKER_DEFAULTS["watch_ms"]):
         self.key, self.curve, self.curve_allowed = check_settings(
             bind=bind, key=key, key_file=key_file, curve_secret_key=curve_secret_key, curve_allow=curve_allow)
         self.backend = backend
@@ -188,6 +189,7 @@ class Worker:
         self.worker_id = new_id()
         self.session = Session(bytes.fromhex(self.key), me=self.worker_id)
         self.max_frame_bytes = int(max_frame_mb * (1 << 20))
+        self.watch_seconds = float(watch_ms) / 1000
         self.handles = HandleTable()
         cache_bytes = int(array_cache_mb * (1 << 20))
         self.array_cache = ArrayCache(cache_bytes) if cache_bytes > 0 else None
@@ -434,7 +436,7 @@ class Worker:
 
     def _follow(self, item):
         """After a reply: watch the block its request named as ``next_slot`` for the client's next request,
-        while no other request runs or waits, for up to ``reply_slot.WATCH_SECONDS`` (protocol.reply_slot).
+        while no other request runs or waits, for up to ``watch_ms`` (protocol.reply_slot).
 
         The block must lie in the pool its client attached. What is found there is only a copy of what the
         client sends through ZeroMQ: it is read as any message (:meth:`_accept`), and anything wrong with it
@@ -452,7 +454,7 @@ class Worker:
             return
         token, memory = found
         state = reply_slot.state_word(memory)
-        deadline = time.monotonic() + reply_slot.WATCH_SECONDS
+        deadline = time.monotonic() + self.watch_seconds
         while state[0] != token:
             if state[0] == -token or self._stopping.is_set():
                 return
@@ -767,6 +769,7 @@ class Worker:
                             + (self.gatekeeper.refused if self.gatekeeper else Counter())),
             "swept": dict(self.clients.swept), "rss": rss_bytes(), "queued": self.queue.waiting(),
             "threads": self.queue.threads, "running": self.queue.running, "peak_running": self.queue.peak,
+            "watch_ms": self.watch_seconds * 1000,
             "device_budget": self.queue.budget, "device_in_use": self.queue.in_use,
             "pinned": self.pinning.status() if self.pinning is not None else None,
             "versions": self.versions,

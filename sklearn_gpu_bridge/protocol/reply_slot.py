@@ -21,9 +21,10 @@ ZeroMQ copy is used.
 
 The same layout carries requests the other way (``next_slot``): a request
 names a block of the pool that its thread keeps, and a token; after the
-reply, the worker's thread watches that block for up to ``WATCH_SECONDS``
-while it has nothing else to do, and the client writes its next request
-there (``token`` last) before it sends it through ZeroMQ. A fit+predict pair's
+reply, the worker's thread watches that block for up to the worker's
+``watch_ms`` (200 ms by default) while it has nothing else to do, and the
+client writes its next request there (``token`` last) before it sends it
+through ZeroMQ. A fit+predict pair's
 second call then reaches a worker thread that is awake, without a ZeroMQ I/O
 thread or a sleeping reader between them. The worker reads the message as it
 reads any (signature, time, replay, and the client must be the block's
@@ -42,9 +43,6 @@ import numpy as np
 WORD = 8
 MAX_FRAMES = 1024  # a reply's frames: the signature, the header, and its arrays' frames
 TOKEN_LIMIT = 1 << 62  # tokens lie in [1, TOKEN_LIMIT): they and their negatives fit an int64
-#: seconds a worker thread watches a request slot after its reply: a pair's second call comes within a
-#: millisecond of the first's reply; a thread watches only while no other request runs or waits
-WATCH_SECONDS = 0.003
 REQUEST_SLOT_MAX = 1 << 20  # bytes: a longer request slot is not watched (a block of the pool is 1 MiB)
 
 
