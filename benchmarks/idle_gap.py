@@ -3,14 +3,14 @@
 The README's table times every call after a ``gc.collect()``, and between two
 bridged calls of a case it also runs scikit-learn and cuML: the worker has
 been idle for tens of milliseconds. After a reply, a worker thread watches for
-the client's next request for the worker's ``watch_ms`` (200 ms; 3 ms before
-that setting), then sleeps until the client rings. This measures what a pause
+the client's next request for the worker's ``watch_ms`` (3 ms by default),
+then sleeps until the client rings. This measures what a pause
 costs each way:
 
 - pauses: none (back to back), ``gc.collect()``, a sleep of 1, 10 and 100 ms,
   and 10 ms of numpy work on this core;
 - workers, one after the other: ``watch_ms`` of ``--short-watch-ms`` (3, the
-  watch before the setting) and ``--long-watch-ms`` (200, the default);
+  default) and ``--long-watch-ms`` (200, LLVM OpenMP's spin before it sleeps);
 - ways, with each worker: the bridge, cuML in process under cuML's default
   allocator (``cuda``) and under the pool the worker uses (``async``).
 

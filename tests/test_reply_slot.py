@@ -353,8 +353,8 @@ def _answer(connection, link, msg_id, timeout=10.0):
 
 
 def test_a_worker_thread_watches_as_long_as_its_watch_ms_says(watching_worker):
-    """After pauses of 30 ms between calls (ten times the watch the worker had before ``watch_ms``), a worker
-    whose watch is longer still has a thread on the slot: it is never armed for the doorbell, nothing rings, and
+    """After pauses of 30 ms between calls (ten times the default ``watch_ms``), a worker whose watch is longer
+    still has a thread on the slot: it is never armed for the doorbell, nothing rings, and
     the next requests are read from the slot."""
     worker, connect = watching_worker
     connection = connect()

@@ -22,7 +22,7 @@ ZeroMQ copy is used.
 The same layout carries requests the other way (``next_slot``): a request
 names a block of the pool that its thread keeps, and a token; after the
 reply, the worker's thread watches that block for up to the worker's
-``watch_ms`` (200 ms by default) while it has nothing else to do, and the
+``watch_ms`` (3 ms by default) while it has nothing else to do, and the
 client writes its next request there (``token`` last) before it sends it
 through ZeroMQ. A fit+predict pair's
 second call then reaches a worker thread that is awake, without a ZeroMQ I/O
