@@ -305,19 +305,15 @@ def test_a_workers_watch_is_set_by_its_option_or_its_environment_variable(tmp_pa
         use_worker(worker)
 
 
-def test_a_negative_watch_is_refused_before_the_worker_starts(tmp_path):
-    run = subprocess.run([sys.executable, "-m", "sklearn_gpu_bridge.worker", "--watch-ms", "-1",
+@pytest.mark.parametrize("option, value, message", [
+    ("--device-memory", "pool", "'pool' is not one of 'async', 'cuda'"),
+    ("--watch-ms", "-1", "-1.0 is not in the range x>=0"),
+])
+def test_a_bad_setting_is_refused_before_the_worker_starts(tmp_path, option, value, message):
+    run = subprocess.run([sys.executable, "-m", "sklearn_gpu_bridge.worker", option, value,
                           "--connection-file", str(tmp_path / "w.json")],
                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
-    assert run.returncode == 2 and "--watch-ms" in run.stderr, run.stderr
-    assert not (tmp_path / "w.json").exists()
-
-
-def test_an_unknown_device_memory_setting_is_refused_before_the_worker_starts(tmp_path):
-    run = subprocess.run([sys.executable, "-m", "sklearn_gpu_bridge.worker", "--device-memory", "pool",
-                          "--connection-file", str(tmp_path / "w.json")],
-                         capture_output=True, text=True, timeout=60, cwd=tmp_path)
-    assert run.returncode == 2 and "'pool' is not one of 'async', 'cuda'" in run.stderr, run.stderr
+    assert run.returncode == 2 and message in run.stderr, run.stderr
     assert not (tmp_path / "w.json").exists()
 
 
