@@ -504,6 +504,7 @@ def main():
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version(),
                     **status["versions"]},
         "backend": args.backend, "repeats": args.repeats, "worker_threads": status.get("threads"),
+        "worker_watch_ms": status.get("watch_ms"),
         "startup": {"worker_ready_s": worker.ready_seconds, "first_call_after_ready_s": first_call},
     }
     print(f"worker ready in {worker.ready_seconds:.2f} s, first call {first_call * 1e3:.1f} ms; "

@@ -7,8 +7,10 @@ the client's next request for the worker's ``watch_ms`` (3 ms by default),
 then sleeps until the client rings. This measures what a pause
 costs each way:
 
-- pauses: none (back to back), ``gc.collect()``, a sleep of 1, 10 and 100 ms,
-  and 10 ms of numpy work on this core;
+- pauses: none, ``gc.collect()``, a sleep of 1, 10 and 100 ms, and 10 ms of
+  numpy work on this core. The ways take turns, so between two bridged calls
+  come the in-process ones too (2-10 ms for StandardScaler): "none" is not
+  back to back for the worker, whose default watch is shorter;
 - workers, one after the other: ``watch_ms`` of ``--short-watch-ms`` (3, the
   default) and ``--long-watch-ms`` (200, LLVM OpenMP's spin before it sleeps);
 - ways, with each worker: the bridge, cuML in process under cuML's default
@@ -21,7 +23,7 @@ With ``--backend sklearn`` (no cuML), "in process" is scikit-learn, and the
 client spins for its replies as it does by default beside a cuML worker
 (``reply_wait="spin"``): the worker watches only for a client that spins.
 
-    python benchmarks/idle_gap.py --out results/idle-gap.json          # GPU machine
+    python benchmarks/idle_gap.py --out benchmarks/results/idle-gap.json    # GPU machine
     python benchmarks/idle_gap.py --backend sklearn --repeats 20       # anywhere
 """
 

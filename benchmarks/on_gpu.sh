@@ -320,10 +320,11 @@ for stage in "$@"; do
     gap)  # issue 15, seventh session: a small call after each kind of pause (none, gc.collect(), sleeps, numpy work),
       # through workers with watch_ms 3 and 200 (its default while this ran; 3 since), cuML in process under each
       # allocator, the workers' CPU time; then the cuML tests of the setting, the request slots and the worker
-      step 300 "$OUT/idle-gap.txt" bash -c "cd benchmarks && python3 idle_gap.py --out $OUT/idle-gap.json"
+      step 300 "$OUT/idle-gap.txt" python3 benchmarks/idle_gap.py --out "$OUT/idle-gap.json"
       step 200 "$OUT/pytest-cuml-watch.txt" "${PYTEST[@]}" -q -rfEs --tb=short tests/test_reply_slot.py \
         tests/test_worker.py tests/test_inprocess.py ;;
-    watch-before)  # the same: the small cases with watch_ms=3 (the table that followed ran with 200, then the default)
+    watch-before)  # the same session: the small cases with watch_ms=3 (now the default; run while 200 was, and the
+      # stage "table" after it then ran with 200: results/gpu-h200-1125g/README.md)
       small="StandardScaler fit_transform 5000x20|LogisticRegression fit+predict 5000x20|SVC(rbf) fit+predict 500x20"
       step 250 "$OUT/watch-before.txt" env SKLEARN_GPU_BRIDGE_WORKER_WATCH_MS=3 python3 benchmarks/e2e.py \
         --parts cases --only "$small" --no-sklearn-large --out "$OUT/e2e-watch-before.json" ;;

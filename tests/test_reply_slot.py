@@ -352,11 +352,18 @@ def _answer(connection, link, msg_id, timeout=10.0):
     return None
 
 
-def test_a_worker_thread_watches_as_long_as_its_watch_ms_says(watching_worker):
+@pytest.fixture
+def two_second_watch(tmp_path, monkeypatch):
+    """A worker in this process whose threads watch a request slot for 2 s after each reply."""
+    yield from _worker_in_this_process(tmp_path, monkeypatch, 2000.0)
+
+
+@pytest.mark.parametrize("watch", ["watching_worker", "two_second_watch"])
+def test_a_worker_thread_watches_as_long_as_its_watch_ms_says(watch, request):
     """After pauses of 30 ms between calls (ten times the default ``watch_ms``), a worker whose watch is longer
-    still has a thread on the slot: it is never armed for the doorbell, nothing rings, and
-    the next requests are read from the slot."""
-    worker, connect = watching_worker
+    still has a thread on the slot: it is never armed for the doorbell, nothing rings, and the next requests are
+    read from the slot. A watch of 2 s then ends: the slot is armed for the doorbell."""
+    worker, connect = request.getfixturevalue(watch)
     connection = connect()
     X = np.random.default_rng(9).standard_normal((40, 3))
     with sklearn_gpu_bridge.config_context(reply_wait="spin"):
@@ -368,6 +375,8 @@ def test_a_worker_thread_watches_as_long_as_its_watch_ms_says(watching_worker):
     assert not any(armed), armed
     assert worker.counts["rung"] == 0
     assert 1 <= worker.counts["from_slot"] <= 4  # the reader may still take a ZeroMQ copy first (one process here)
+    if watch == "two_second_watch":
+        _armed(worker, connection)  # within 10 s
 
 
 def test_a_request_written_after_the_watch_is_read_when_the_doorbell_rings(ringing_worker):

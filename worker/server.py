@@ -93,6 +93,7 @@ MAX_ARMED = 1024  # request slots armed for the doorbell at once (a client has o
 ARMED_SECONDS = 600.0  # an armed slot that no ring has named for this long goes (its thread is idle or gone)
 RINGS_IN_TURN = 256  # rings the reading thread takes in one turn before it looks at its socket again
 #: a file name: the work of every request is profiled and the stats written there at exit (diagnosis)
+MAX_WATCH_MS = 60_000.0  # a longer watch of a request slot is refused (see config.WORKER_DEFAULTS["watch_ms"])
 PROFILE_ENV = "SKLEARN_GPU_BRIDGE_WORKER_PROFILE"
 #: set: each reply carries ``worker_steps``, when each step of its request ended on the worker (diagnosis)
 STEPS_ENV = "SKLEARN_GPU_BRIDGE_WORKER_STEPS"
@@ -189,7 +190,10 @@ class Worker:
         self.worker_id = new_id()
         self.session = Session(bytes.fromhex(self.key), me=self.worker_id)
         self.max_frame_bytes = int(max_frame_mb * (1 << 20))
-        self.watch_seconds = float(watch_ms) / 1000
+        self.watch_ms = float(watch_ms)
+        if not 0 <= self.watch_ms <= MAX_WATCH_MS:  # NaN too: a watch that never ends keeps a core busy
+            raise ConfigurationError(f"watch_ms must be a number of milliseconds from 0 to {MAX_WATCH_MS:g}, "
+                                     f"not {watch_ms!r}")
         self.handles = HandleTable()
         cache_bytes = int(array_cache_mb * (1 << 20))
         self.array_cache = ArrayCache(cache_bytes) if cache_bytes > 0 else None
@@ -454,7 +458,7 @@ class Worker:
             return
         token, memory = found
         state = reply_slot.state_word(memory)
-        deadline = time.monotonic() + self.watch_seconds
+        deadline = time.monotonic() + self.watch_ms / 1000
         while state[0] != token:
             if state[0] == -token or self._stopping.is_set():
                 return
@@ -769,7 +773,7 @@ class Worker:
                             + (self.gatekeeper.refused if self.gatekeeper else Counter())),
             "swept": dict(self.clients.swept), "rss": rss_bytes(), "queued": self.queue.waiting(),
             "threads": self.queue.threads, "running": self.queue.running, "peak_running": self.queue.peak,
-            "watch_ms": self.watch_seconds * 1000,
+            "watch_ms": self.watch_ms,
             "device_budget": self.queue.budget, "device_in_use": self.queue.in_use,
             "pinned": self.pinning.status() if self.pinning is not None else None,
             "versions": self.versions,

@@ -24,9 +24,9 @@ names a block of the pool that its thread keeps, and a token; after the
 reply, the worker's thread watches that block for up to the worker's
 ``watch_ms`` (3 ms by default) while it has nothing else to do, and the
 client writes its next request there (``token`` last) before it sends it
-through ZeroMQ. A fit+predict pair's
-second call then reaches a worker thread that is awake, without a ZeroMQ I/O
-thread or a sleeping reader between them. The worker reads the message as it
+through ZeroMQ. A fit+predict pair's second call then reaches a worker
+thread that is awake, without a ZeroMQ I/O thread or a sleeping reader
+between them. The worker reads the message as it
 reads any (signature, time, replay, and the client must be the block's
 owner); whichever of the two copies comes second is dropped as a duplicate.
 After the watch the block stays armed: the client rings the worker's doorbell
