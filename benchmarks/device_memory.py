@@ -15,7 +15,7 @@ import json
 
 import numpy as np
 
-from e2e import timed_together
+from e2e import labelled, timed_together
 
 
 def main():
@@ -39,11 +39,7 @@ def main():
                  "async": rmm.mr.CudaAsyncMemoryResource(release_threshold=ASYNC_POOL_KEEPS)}
     rng = np.random.default_rng(0)
 
-    def data(n, d):
-        X = rng.standard_normal((n, d)).astype(np.float32)
-        return X, (X[:, 0] + 0.3 * rng.standard_normal(n) > 0).astype(np.int32)
-
-    small, tiny, large = data(5000, 20), data(500, 20), data(1_000_000, 50)
+    small, tiny, large = labelled(5000, 20, rng), labelled(500, 20, rng), labelled(1_000_000, 50, rng)
     cases = {
         "StandardScaler fit_transform 5000x20": lambda: StandardScaler().fit_transform(small[0]),
         "LogisticRegression fit+predict 5000x20": lambda: LogisticRegression().fit(*small).predict(small[0]),

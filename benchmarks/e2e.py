@@ -154,6 +154,13 @@ def make_data(case, seed=0):
     return X, (score > 0).astype(np.int32)
 
 
+def labelled(n, d, rng):
+    """float32 X and int32 labels from its first feature plus noise: the data of the scripts that time one small
+    call several ways (device_memory, idle_gap, thread_penalty, worker_share)."""
+    X = rng.standard_normal((n, d)).astype(np.float32)
+    return X, (X[:, 0] + 0.3 * rng.standard_normal(n) > 0).astype(np.int32)
+
+
 SMALL_SECONDS = 0.5  # quick cases repeat until they have run this long (at most MAX_REPEATS times)
 MAX_REPEATS = 100
 

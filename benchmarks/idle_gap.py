@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 import sklearn_gpu_bridge
-from e2e import WorkerProcess
+from e2e import WorkerProcess, labelled
 
 PAUSES = {
     "none": lambda: None,
@@ -92,9 +92,7 @@ def in_process_ways(backend):
 
 def cases(backend):
     """{case: (in-process callable, bridged callable)}."""
-    rng = np.random.default_rng(0)
-    X = rng.standard_normal((5000, 20)).astype(np.float32)
-    y = (X[:, 0] + 0.3 * rng.standard_normal(5000) > 0).astype(np.int32)
+    X, y = labelled(5000, 20, np.random.default_rng(0))
     if backend == "cuml":
         import cuml
 

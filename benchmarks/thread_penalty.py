@@ -32,6 +32,8 @@ import time
 
 import numpy as np
 
+from e2e import labelled
+
 
 def timed(call):
     start = time.perf_counter()
@@ -109,9 +111,7 @@ def main():
     from cuml.preprocessing import StandardScaler
 
     cuml.set_global_output_type("numpy")
-    rng = np.random.default_rng(0)
-    X = rng.standard_normal((5000, 20)).astype(np.float32)
-    y = (X[:, 0] + 0.3 * rng.standard_normal(5000) > 0).astype(np.int32)
+    X, y = labelled(5000, 20, np.random.default_rng(0))
     pool = concurrent.futures.ThreadPoolExecutor(1)
     numpy_pool = concurrent.futures.ThreadPoolExecutor(1, initializer=cuml.set_global_output_type,
                                                        initargs=("numpy",))

@@ -23,7 +23,7 @@ import json
 
 import numpy as np
 
-from e2e import timed_together
+from e2e import labelled, timed_together
 
 
 def main():
@@ -41,9 +41,7 @@ def main():
     from sklearn_gpu_bridge.inprocess import InProcess
 
     cuml.set_global_output_type("numpy")
-    rng = np.random.default_rng(0)
-    X = rng.standard_normal((5000, 20)).astype(np.float32)
-    y = (X[:, 0] + 0.3 * rng.standard_normal(5000) > 0).astype(np.int32)
+    X, y = labelled(5000, 20, np.random.default_rng(0))
     y64 = y.astype(np.int64)
     out = np.empty_like(X)
     pool = concurrent.futures.ThreadPoolExecutor(1)

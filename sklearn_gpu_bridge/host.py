@@ -118,6 +118,11 @@ def socket_path(name):
                              "set XDG_RUNTIME_DIR to a short folder of your own, or bind TCP (--bind 127.0.0.1)")
 
 
+def doorbell_path(worker_socket):
+    """Where a worker whose ZeroMQ socket is ``worker_socket`` has its doorbell: beside it, the same length."""
+    return Path(worker_socket).with_suffix(".bell")
+
+
 # ---------------------------------------------------------------- files
 
 

@@ -36,7 +36,7 @@ from .client import Connection, _dealer
 from .config import WORKER_DEFAULTS, get_config
 from .connect import default_connection_file, read_connection_file
 from .errors import BridgeError, ConfigurationError, ProtocolError, WorkerUnavailable
-from .host import ExclusiveLock, exited, make_private_folder, terminate
+from .host import ExclusiveLock, doorbell_path, exited, make_private_folder, terminate
 from .launch import spawn, wait_ready, worker_argv
 from .measure import measure as measure_transports
 from .progress import format_seconds, waiting
@@ -368,7 +368,7 @@ def _remove_files(connection_file, state, info, connection=True):
         paths.append(Path(connection_file))
     if info is not None and info.address.startswith("ipc://") and os.name == "posix":
         sock = Path(info.address[len("ipc://"):])  # a clean stop removes it and its doorbell (a datagram
-        for path in (sock, sock.with_suffix(".bell")):  # socket beside it); a killed worker leaves them
+        for path in (sock, doorbell_path(sock)):  # socket beside it); a killed worker leaves them
             try:
                 if stat.S_ISSOCK(path.lstat().st_mode) and path.lstat().st_uid == os.getuid():
                     paths.append(path)

@@ -56,7 +56,7 @@ from sklearn_gpu_bridge import __version__
 from sklearn_gpu_bridge.config import WORKER_DEFAULTS
 from sklearn_gpu_bridge.connect import ConnectionInfo, new_key, read_key_file, signing_key, write_connection_file
 from sklearn_gpu_bridge.errors import ConfigurationError, ProtocolError, VersionMismatch, describe
-from sklearn_gpu_bridge.host import pid_alive, socket_path
+from sklearn_gpu_bridge.host import doorbell_path, pid_alive, socket_path
 from sklearn_gpu_bridge.keys import bind_hint, derived_client_pair, load_public, load_secret, plain_password
 from sklearn_gpu_bridge.protocol import (
     PROTOCOL_VERSION,
@@ -92,27 +92,27 @@ MAX_READ_IN_TURN = 64  # messages the reading thread reads before it looks at it
 MAX_ARMED = 1024  # request slots armed for the doorbell at once (a client has one per thread); the oldest go
 ARMED_SECONDS = 600.0  # an armed slot that no ring has named for this long goes (its thread is idle or gone)
 RINGS_IN_TURN = 256  # rings the reading thread takes in one turn before it looks at its socket again
-#: a file name: the work of every request is profiled and the stats written there at exit (diagnosis)
 MAX_WATCH_MS = 60_000.0  # a longer watch of a request slot is refused (see config.WORKER_DEFAULTS["watch_ms"])
+#: a file name: the work of every request is profiled and the stats written there at exit (diagnosis)
 PROFILE_ENV = "SKLEARN_GPU_BRIDGE_WORKER_PROFILE"
 #: set: each reply carries ``worker_steps``, when each step of its request ended on the worker (diagnosis)
 STEPS_ENV = "SKLEARN_GPU_BRIDGE_WORKER_STEPS"
 
 
-def _open_doorbell(worker_id):
-    """(path, socket) of a Unix datagram socket beside the worker's own, in this user's private folder (mode
+def _open_doorbell(worker_socket):
+    """(path, socket) of a Unix datagram socket beside the worker's own socket, in this user's private folder (mode
     0600), where clients on this host ring after writing a request into an armed request slot; None where
     there are none. A ring is a datagram naming the slot; nothing in it is trusted (see ``_answer_bell``)."""
     if not hasattr(socket, "AF_UNIX"):
         return None
     bell = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     try:
-        path = socket_path(f"worker-{worker_id[:16]}.bell")
+        path = doorbell_path(worker_socket)
         bell.bind(str(path))
         os.chmod(path, 0o600)
         bell.setblocking(False)
         return path, bell
-    except (OSError, ConfigurationError) as exc:  # requests come through ZeroMQ alone, as they always may
+    except OSError as exc:  # requests come through ZeroMQ alone, as they always may
         bell.close()
         log.warning("no doorbell for request slots: %s", exc)
         return None
@@ -242,7 +242,7 @@ class Worker:
         # finds a message waiting wakes the reading thread through this inproc socket.
         self.wakeup = self.context.socket(zmq.PULL)
         self.wakeup.bind(f"inproc://wakeup-{self.worker_id}")
-        self.doorbell = _open_doorbell(self.worker_id) if self.host == "ipc" else None
+        self.doorbell = _open_doorbell(self.socket_path) if self.socket_path is not None else None
         self.info = ConnectionInfo(
             address=self.address, key=self.key, protocol_version=PROTOCOL_VERSION, pid=os.getpid(),
             backend=self.backend.name, worker_id=self.worker_id, curve_server_key=self.curve_public,
