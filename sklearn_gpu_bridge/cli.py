@@ -72,8 +72,9 @@ _device_memory_option = click.option(
 @click.option("--watch-ms", default=W["watch_ms"], type=click.FloatRange(0),
               help="Milliseconds a worker thread keeps watching for the next request of a client on this host "
                    "that spins for its replies (one core busy meanwhile, only while the worker has nothing else "
-                   "to do); then it sleeps until the client rings. 0: sleep at once. A 200 ms watch was within "
-                   "the noise between runs on the H200 machine, for 8x the CPU (benchmarks/idle_gap.py).")
+                   "to do); then it sleeps until the client rings. 0: sleep at once. A 200 ms watch took up to "
+                   "0.85 ms off small calls on the H200 machine, less than they vary between runs, for 8x the "
+                   "worker's CPU (README, benchmarks/idle_gap.py).")
 @click.option("--log-level", default=W["log_level"], type=LOG_LEVELS)
 def worker(backend, device_memory, connection_file, parent_pid, log_level, **settings):
     """Run a worker in this process until SIGINT, SIGTERM or a shutdown request."""

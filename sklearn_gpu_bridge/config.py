@@ -92,9 +92,9 @@ WORKER_DEFAULTS = {
     # milliseconds a worker thread watches a request slot after its reply, for a client on this host that spins
     # for its replies, while no other request runs or waits; then it sleeps until the client rings (0: at once).
     # A fit+predict pair's second call comes within a millisecond. 200 (LLVM OpenMP's KMP_BLOCKTIME) was measured
-    # on the H200 machine, small calls after no pause, gc.collect(), 1-100 ms asleep or 10 ms of numpy work: within
-    # the noise between runs (a few tenths of a ms faster in some, slower in others), and the worker used 8x the
-    # CPU (results/gpu-h200-1125g/idle-gap.txt)
+    # on the H200 machine: timed as the README's table times, 0.04-0.85 ms less in 5 of 6 small cases (means of two
+    # runs, which differ by 1-3 ms), mixed after each kind of pause in idle_gap.py, and the worker used 8x the CPU
+    # (results/gpu-h200-1125g/)
     "watch_ms": 3.0,
     # estimator calls run at once (of all clients; admitted by device memory on the GPU): cuML's fits overlap
     # on one GPU, a GridSearchCV's n_jobs=4 took 3.4 s against 5.4 s with one job (H100, 4 threads)

@@ -389,14 +389,72 @@ def test_a_request_written_after_the_watch_is_read_when_the_doorbell_rings(ringi
         _scaled(connection, X)
         link = _armed(worker, connection)
         msg_id = new_id()
-        request = connection.session.pack({"op": "echo", "id": msg_id, "client": connection.client_id,
-                                           "payload": {"args": [7, "seven"], "kwargs": {}}})
-        assert reply_slot.write(link.request_slot.buffer(), link.next_token, request)
-        connection._doorbell.send(link.ring)
+        _ring_with_echo(connection, link, msg_id)
         header = _answer(connection, link, msg_id)
     assert header is not None, "the request in the slot was not read when the doorbell rang"
     assert header["op"] == "reply" and header["payload"]["result"] == [7, "seven"], header["payload"]
     assert worker.counts["rung"] == 1 and worker.counts["echo"] == 1
+
+
+def _ring_with_echo(connection, link, msg_id):
+    """Write an echo request into ``link``'s armed request slot and ring the doorbell, with no ZeroMQ copy."""
+    request = connection.session.pack({"op": "echo", "id": msg_id, "client": connection.client_id,
+                                       "payload": {"args": [7, "seven"], "kwargs": {}}})
+    assert reply_slot.write(link.request_slot.buffer(), link.next_token, request)
+    connection._doorbell.send(link.ring)
+
+
+def test_a_slot_armed_too_long_ago_is_not_read_when_rung(ringing_worker, monkeypatch):
+    """An armed slot whose thread has been idle longer than ARMED_SECONDS is dropped, not read when a ring
+    names it (the client's ZeroMQ copy is what counts then)."""
+    from sklearn_gpu_bridge.worker import server
+
+    monkeypatch.setattr(server, "ARMED_SECONDS", 0.2)
+    worker, connect = ringing_worker
+    connection = connect()
+    with sklearn_gpu_bridge.config_context(reply_wait="spin"):
+        _scaled(connection, np.random.default_rng(10).standard_normal((30, 3)))
+        link = _armed(worker, connection)
+        time.sleep(0.5)
+        msg_id = new_id()
+        _ring_with_echo(connection, link, msg_id)
+        assert _answer(connection, link, msg_id, timeout=1.0) is None
+    assert worker.counts["rung"] == 0 and worker.counts["echo"] == 0
+    assert link.ring not in worker._armed
+
+
+def test_armed_slots_are_bounded_however_many_threads_a_client_keeps(ringing_worker, monkeypatch):
+    """Each thread that calls arms its request slot after its reply; a client (hostile or not) that keeps many
+    threads never makes the worker hold more than MAX_ARMED of them: the oldest go."""
+    from sklearn_gpu_bridge.worker import server
+
+    monkeypatch.setattr(server, "MAX_ARMED", 3)
+    worker, connect = ringing_worker
+    connection = connect()
+    X = np.random.default_rng(11).standard_normal((30, 3))
+    called, done, errors = threading.Barrier(7), threading.Event(), []
+
+    def call():
+        try:
+            _scaled(connection, X)
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        called.wait(30)
+        done.wait(30)  # the thread, its link and its slot live until every thread has called
+
+    with sklearn_gpu_bridge.config_context(reply_wait="spin"):
+        threads = [threading.Thread(target=call) for _ in range(6)]
+        for thread in threads:
+            thread.start()
+        called.wait(30)
+        armed = wait_until(lambda: len(worker._armed) >= 3, 10)
+        time.sleep(0.2)  # the other threads' slots are armed meanwhile
+        kept = len(worker._armed)
+        done.set()
+        for thread in threads:
+            thread.join(30)
+    assert not errors, errors
+    assert armed and kept == 3, kept
 
 
 def test_the_next_requests_come_through_the_doorbell_and_run_once(ringing_worker):
@@ -517,19 +575,19 @@ def test_a_ring_to_a_worker_that_is_gone_neither_raises_nor_kills(tmp_path):
 def test_a_request_read_from_its_slot_after_a_reconnect_is_answered_on_the_new_connection(ringing_worker,
                                                                                          monkeypatch):
     """The connection drops and ZeroMQ connects it again, the worker running on, and the client does not see it:
-    its next request, read from the slot armed before, is answered to the link's own name, which the new
-    connection has taken over. (Answered to the name of the connection that is gone, a client waiting on its
-    socket would wait forever: the test's timeout.)"""
+    its next request, read from the slot armed before (rung, with no ZeroMQ copy that could be answered on the
+    new connection instead), is answered to the link's own name, which the new connection has taken over.
+    Answered to the name of the connection that is gone, it would reach no one."""
     worker, connect = ringing_worker
-    monkeypatch.setattr(client, "SPIN_SECONDS", 1e-6)  # the client waits on its socket for every reply
     connection = connect()
-    X = np.random.default_rng(12).standard_normal((50, 3))
     with sklearn_gpu_bridge.config_context(reply_wait="spin"):
-        _scaled(connection, X)
+        _scaled(connection, np.random.default_rng(12).standard_normal((50, 3)))
         link = _armed(worker, connection)
         link.socket.disconnect(connection.info.address)
         link.socket.connect(connection.info.address)
         time.sleep(0.2)
-        answered = _scaled(connection, X + 1)  # in this thread: its link is the one connected again
-    assert_same(answered, StandardScaler().fit_transform(X + 1))
-    assert worker.counts["fit"] == 2
+        msg_id = new_id()
+        _ring_with_echo(connection, link, msg_id)
+        header = _answer(connection, link, msg_id, timeout=5.0)
+    assert header is not None, "the request read from the slot was answered to the connection that is gone"
+    assert header["payload"]["result"] == [7, "seven"] and worker.counts["rung"] == 1

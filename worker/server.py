@@ -521,8 +521,11 @@ class Worker:
                 break
             with self._armed_lock:
                 armed = self._armed.get(ring)
+                if armed is not None and armed[2] < time.monotonic() - ARMED_SECONDS:
+                    del self._armed[ring]  # armed too long ago: its thread is idle or gone
+                    armed = None
             if armed is None:
-                continue  # not armed (watched, taken, or never): the ZeroMQ copy counts
+                continue  # not armed (watched, taken, too old, or never): the ZeroMQ copy counts
             identity, slot, _ = armed
             try:
                 found = self._slot_block(slot, "next_slot")
