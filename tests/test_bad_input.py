@@ -514,7 +514,10 @@ def test_plain_input_is_validated_the_short_way_as_validate_data_would(name, Est
     if got is None:
         return
     for mine, theirs, given in zip(*((got, expected, (X, y)) if y is not None else ((got,), (expected,), (X,)))):
-        assert mine is given if given is X else (np.shares_memory(mine, given) and mine.shape == given.shape)
+        if given is X:
+            assert mine is given
+        else:  # y: a view of the given array, as validate_data's (a new object, not the array itself)
+            assert np.shares_memory(mine, given) and mine.shape == given.shape and (mine is given) == (theirs is given)
         assert mine.dtype == theirs.dtype and np.array_equal(mine, theirs, equal_nan=True)
     assert short_way.n_features_in_ == long_way.n_features_in_
     assert hasattr(short_way, "feature_names_in_") == hasattr(long_way, "feature_names_in_")

@@ -73,6 +73,31 @@ def test_blocks_never_overlap_under_random_allocate_and_release(small_pool):
     assert small_pool.slots_in_use == 0
 
 
+def test_a_block_freed_by_a_collection_inside_the_pools_lock_does_not_deadlock(small_pool):
+    """A thread's request slot is freed when its link is collected (client._Link.__del__); a link in a reference
+    cycle is collected by whichever allocation starts a collection, which may be one the pool makes while it
+    holds its own lock. Freeing a block there must not wait for that lock."""
+
+    class Holder:  # a link's stand-in: frees its block when collected
+        def __init__(self, block):
+            self.block, self.cycle = block, self
+
+        def __del__(self):
+            self.block.release()
+
+    freed = threading.Event()
+
+    def collect_inside_the_lock():
+        Holder(small_pool.allocate(1))  # unreachable at once, but held by its cycle until a collection
+        with small_pool._lock:
+            gc.collect()
+        freed.set()
+
+    thread = threading.Thread(target=collect_inside_the_lock, daemon=True)
+    thread.start()
+    assert freed.wait(10), "freeing a block from a collection inside the pool's lock deadlocked"
+
+
 def test_a_block_larger_than_a_segment_gets_its_own_segment(small_pool):
     first = small_pool.allocate(1)
     big = small_pool.allocate(20 * 4096 + 1)  # 21 slots; a segment holds 8
@@ -518,6 +543,47 @@ def test_threads_that_end_leave_no_sockets_or_slots_behind(connection, reply_wai
             assert descriptors() < fds + 10  # each thread's link held 3 (two sockets, one connection): 180 kept
         finally:
             gc.enable()
+
+
+def test_a_forked_child_leaves_its_parents_links_alone(connection, monkeypatch):
+    """A child forked while another thread holds a link inherits that link, and drops it (the thread is not in
+    the child): dropping it must not close the parent's sockets from the child."""
+    from sklearn_gpu_bridge import client
+
+    closed_in_child, real_close = os.pipe(), client._Link.close
+    parent = os.getpid()
+
+    def close(link):
+        if os.getpid() != parent:
+            os.write(closed_in_child[1], b"x")
+        return real_close(link)
+
+    monkeypatch.setattr(client._Link, "close", close)
+    called, done = threading.Event(), threading.Event()
+
+    def hold_a_link():
+        connection.echo(np.ones(3))
+        called.set()
+        done.wait(30)
+
+    thread = threading.Thread(target=hold_a_link)
+    thread.start()
+    try:
+        assert called.wait(30)
+        pid = os.fork()
+        if pid == 0:  # the child: the other thread's link is dropped with its thread state
+            try:
+                gc.collect()
+            finally:
+                os._exit(0)
+        os.waitpid(pid, 0)
+    finally:
+        done.set()
+        thread.join(30)
+    os.close(closed_in_child[1])
+    assert os.read(closed_in_child[0], 16) == b"", "a forked child closed a link of its parent's"
+    os.close(closed_in_child[0])
+    assert connection.echo(np.ones(3))[0].shape == (3,)  # the parent's links work on
 
 
 def _slots_after_a_first_request(connection):

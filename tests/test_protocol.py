@@ -166,8 +166,9 @@ def test_replayed_message_is_refused():
 @pytest.mark.parametrize("slot_first", [True, False])
 def test_a_request_sent_two_ways_is_taken_once_and_its_replays_are_refused(slot_first):
     """A request comes through its request slot and through ZeroMQ: one copy is taken, the other dropped as a
-    duplicate, uncounted. Replayed after that (a hostile copy of the frames, either way), it is refused as a
-    replay every time: the duplicate's pass is given once, to the one copy the client itself sent."""
+    duplicate, uncounted. Replayed after that (a hostile copy of the frames, either way), it is refused every
+    time, never run: through ZeroMQ as a replay (counted), through a request slot as a copy taken already
+    (uncounted, as the client's own second copy is)."""
     from sklearn_gpu_bridge.protocol.session import Duplicate
 
     sender, receiver = _pair()

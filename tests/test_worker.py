@@ -314,10 +314,12 @@ def test_a_workers_watch_is_set_by_its_option_or_its_environment_variable(tmp_pa
     ("--watch-ms", "nan", "watch_ms must be a number of milliseconds from 0 to 60000, not nan"),
     ("--watch-ms", "inf", "watch_ms must be a number of milliseconds from 0 to 60000, not inf"),
 ])
-def test_a_bad_setting_is_refused_before_the_worker_starts(tmp_path, option, value, message):
+@pytest.mark.parametrize("backend", ["auto", "cuml"])
+def test_a_bad_setting_is_refused_before_the_worker_starts(tmp_path, option, value, message, backend):
     """A watch that never ends (NaN compares false with every deadline) would keep a core busy for a client that
-    may be gone: refused, as a negative one is."""
-    run = subprocess.run([sys.executable, "-m", "sklearn_gpu_bridge.worker", option, value,
+    may be gone: refused, as a negative one is; before the backend is made (here without cuML, ``--backend cuml``
+    would fail on the import instead; on the GPU machine, cuML would warm up first)."""
+    run = subprocess.run([sys.executable, "-m", "sklearn_gpu_bridge.worker", "--backend", backend, option, value,
                           "--connection-file", str(tmp_path / "w.json")],
                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert run.returncode in (1, 2) and message in run.stderr, run.stderr

@@ -137,11 +137,14 @@ def rss_bytes():
 
 
 def check_settings(*, bind=WORKER_DEFAULTS["bind"], key=None, key_file=None, curve_secret_key=None,
-                   curve_allow=None):
+                   curve_allow=None, watch_ms=WORKER_DEFAULTS["watch_ms"]):
     """(hex key, CurveZMQ keys or None, allowed client keys), or ConfigurationError saying what to change.
 
     Called before the backend warms up, so that a refusal comes at once.
     """
+    if not 0 <= float(watch_ms) <= MAX_WATCH_MS:  # NaN too: a watch that never ends keeps a core busy
+        raise ConfigurationError(f"watch_ms must be a number of milliseconds from 0 to {MAX_WATCH_MS:g}, "
+                                 f"not {watch_ms!r}")
     if key_file is not None:
         key = read_key_file(key_file)
     key = new_key() if key is None else signing_key(key, "the --key-file").hex()
@@ -180,7 +183,8 @@ class Worker:
                  max_frame_mb=WORKER_DEFAULTS["max_frame_mb"], array_cache_mb=WORKER_DEFAULTS["array_cache_mb"],
                  watch_ms=WORKER_DEFAULTS["watch_ms"]):
         self.key, self.curve, self.curve_allowed = check_settings(
-            bind=bind, key=key, key_file=key_file, curve_secret_key=curve_secret_key, curve_allow=curve_allow)
+            bind=bind, key=key, key_file=key_file, curve_secret_key=curve_secret_key, curve_allow=curve_allow,
+            watch_ms=watch_ms)
         self.backend = backend
         self.versions = {"sklearn-gpu-bridge": __version__, **backend.versions()}  # asked once
         self.fallback_reason = fallback_reason
@@ -191,9 +195,6 @@ class Worker:
         self.session = Session(bytes.fromhex(self.key), me=self.worker_id)
         self.max_frame_bytes = int(max_frame_mb * (1 << 20))
         self.watch_ms = float(watch_ms)
-        if not 0 <= self.watch_ms <= MAX_WATCH_MS:  # NaN too: a watch that never ends keeps a core busy
-            raise ConfigurationError(f"watch_ms must be a number of milliseconds from 0 to {MAX_WATCH_MS:g}, "
-                                     f"not {watch_ms!r}")
         self.handles = HandleTable()
         cache_bytes = int(array_cache_mb * (1 << 20))
         self.array_cache = ArrayCache(cache_bytes) if cache_bytes > 0 else None
