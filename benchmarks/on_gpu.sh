@@ -328,6 +328,14 @@ for stage in "$@"; do
       small="StandardScaler fit_transform 5000x20|LogisticRegression fit+predict 5000x20|SVC(rbf) fit+predict 500x20"
       step 250 "$OUT/watch-before.txt" env SKLEARN_GPU_BRIDGE_WORKER_WATCH_MS=3 python3 benchmarks/e2e.py \
         --parts cases --only "$small" --no-sklearn-large --out "$OUT/e2e-watch-before.json" ;;
+    held)  # issue 15, eighth session: a request written into its slot is not sent through ZeroMQ too unless the
+      # worker does not take it there, and the client rings only where no thread watches; the six small cases
+      # before (BEFORE_SITE: 8ebd77a) and after, alternated, twice; then the legs after and before
+      small="StandardScaler fit_transform 5000x20|LogisticRegression fit+predict 5000x20|SVC(rbf) fit+predict 500x20"
+      ROUNDS=2 alternate held 150 "$small"
+      step 90 "$OUT/held-legs-after.txt" python3 benchmarks/e2e.py --parts profile --only "$small" --out /tmp/legs.json
+      step 90 "$OUT/held-legs-before.txt" env PYTHONPATH="$BEFORE_SITE:$PYTHONPATH" python3 benchmarks/e2e.py \
+        --parts profile --only "$small" --out /tmp/legs.json ;;
     table)  # the README's table: every case, three ways, scikit-learn on all cores included
       step 590 "$OUT/e2e-table.txt" python3 benchmarks/e2e.py --parts cases --out "$OUT/e2e-table.json" ;;
     grid-njobs)  # the README's n_jobs rows: the grid with the default worker, 3 repeats

@@ -141,15 +141,24 @@ class _Link:
         self._close_lock = threading.Lock()
         self.pid = os.getpid()
 
-    def send(self, frames, doorbell=None):
+    def send(self, frames, doorbell=None, hold=False):
         """Send a request: into the request slot too where the worker watches for it, or looks when its
-        ``doorbell`` rings (ZeroMQ carries it always: the worker may have stopped looking; whichever copy
-        comes second is dropped)."""
-        if self.next_token is not None and len(frames) == 2:  # a request whose arrays lie in the pool
-            if reply_slot.write(self.request_slot.buffer(), self.next_token, frames) and doorbell is not None:
-                _ring(doorbell, self.ring)
-        self.next_token = None
+        ``doorbell`` rings, which is rung unless a worker thread watches the slot for this very request.
+
+        ZeroMQ carries the request as well (the worker may not look; whichever copy comes second is
+        dropped). With ``hold`` and a doorbell, that copy is held back: returned as a :class:`_HeldCopy`,
+        sent only where the worker does not mark the request taken (:meth:`Connection._watch`); else None.
+        """
+        token, self.next_token = self.next_token, None
+        if token is not None and len(frames) == 2:  # a request whose arrays lie in the pool
+            memory = self.request_slot.buffer()
+            if reply_slot.write(reply_slot.request_room(memory), token, frames) and doorbell is not None:
+                if reply_slot.watch_word(memory)[0] != token:
+                    _ring(doorbell, self.ring)
+                if hold:
+                    return _HeldCopy(self, frames, token, memory)
         self.socket.send_multipart(frames, copy=False)
+        return None
 
     def drop_copies(self):
         """Drop, unread, the ZeroMQ copies of replies taken from the pool that have come (between two
@@ -202,6 +211,29 @@ class _Link:
             self.close()
         except Exception:  # noqa: BLE001 - at interpreter exit ZeroMQ may be gone first
             pass
+
+
+class _HeldCopy:
+    """The ZeroMQ copy of a request written into its request slot, held back until the worker marks the
+    request there (protocol.reply_slot): sent where it was not taken, or no mark came in time."""
+
+    def __init__(self, link, frames, token, memory):
+        self.link, self.frames, self.token = link, frames, token
+        self.state = reply_slot.state_word(memory)
+        self.limit = time.monotonic() + reply_slot.COPY_AFTER
+
+    def settled(self, now):
+        """True once nothing more is to be done: the request was taken, or its copy is sent."""
+        state = self.state[0]
+        if state == reply_slot.taken(self.token):
+            return True
+        if state == -self.token or now > self.limit:
+            self.send()
+            return True
+        return False
+
+    def send(self):
+        self.link.socket.send_multipart(self.frames, copy=False)
 
 
 def _ring(doorbell, ring):
@@ -394,8 +426,8 @@ class Connection:
             header["next_slot"] = self._request_slot(link)
         frames = self.session.pack(header, buffers, digests)
         sent = time.monotonic()  # before the send: a send can return after the worker has the message
-        link.send(frames, self._doorbell)
-        reply = self._watch(*slot, header["reply_slot"]["token"], header["id"]) if slot is not None else None
+        held = link.send(frames, self._doorbell, hold=slot is not None)
+        reply = self._watch(*slot, header["reply_slot"]["token"], header["id"], held) if slot is not None else None
         if reply is not None:
             link.copies += 1  # its ZeroMQ copy is on its way: dropped unread before the next request
             reply, reply_buffers = reply
@@ -419,19 +451,28 @@ class Connection:
         return {"segment": block.segment, "offset": block.offset, "nbytes": block.nbytes,
                 "token": reply_slot.new_token()}
 
-    def _watch(self, block, seconds, token, msg_id):
+    def _watch(self, block, seconds, token, msg_id, held=None):
         """The reply from the request's reply slot, spinning on its first word for at most ``seconds``;
         None to wait on the socket instead (time up, it did not fit, it does not verify).
 
         Spinning keeps this thread's core awake, as CUDA does while it waits for a kernel, so the reply is
         read within microseconds of its writing; ``os.sched_yield`` between looks gives the core to any
-        thread that has work (the worker's, on a busy host).
+        thread that has work (the worker's, on a busy host). ``held``: the request's ZeroMQ copy, held back
+        (:meth:`_Link.send`); sent meanwhile unless the worker marks the request taken, and before this
+        returns without a reply (a request that comes back with its reply in the slot was taken).
         """
         memory = block.buffer()
         state = reply_slot.state_word(memory)
         deadline = time.monotonic() + seconds
         while state[0] != token:
-            if state[0] == -token or time.monotonic() > deadline:
+            now = time.monotonic()
+            if held is not None and held.settled(now):
+                held = None
+            if state[0] == -token:  # the reply did not fit: the request was taken
+                return None
+            if now > deadline:
+                if held is not None and held.state[0] != reply_slot.taken(held.token):
+                    held.send()
                 return None
             os.sched_yield()
         frames = reply_slot.read(memory)

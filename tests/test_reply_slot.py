@@ -253,24 +253,41 @@ def _scaled(connection, X):
     return fitted.result
 
 
-def test_the_next_requests_are_read_from_the_request_slot_and_their_zeromq_copies_dropped(watching_worker):
+@pytest.fixture
+def copies_held_long(monkeypatch):
+    """A request written into its slot waits a minute for the worker's mark before its ZeroMQ copy goes: only a
+    request the worker did not take is sent twice, however slow the host."""
+    monkeypatch.setattr(reply_slot, "COPY_AFTER", 60.0)
+
+
+def test_the_next_requests_are_read_from_the_request_slot_and_never_sent_twice(watching_worker, copies_held_long):
+    """A thread watches the slot, so the client does not ring; the worker marks each request taken, so the
+    client never sends its ZeroMQ copy (before: every request went both ways, and the reader woke to drop
+    one copy of each while the other ran)."""
     worker, connect = watching_worker
     connection = connect()
     X = np.random.default_rng(3).standard_normal((200, 5)) * 3 + 1
+
+    def watched():  # a thread watches the slot for the next request (else the client rings: one process here)
+        link = connection._link()
+        return reply_slot.watch_word(link.request_slot.buffer())[0] == link.next_token
+
     with sklearn_gpu_bridge.config_context(reply_wait="spin"):
-        results = [_scaled(connection, X + k) for k in range(6)]
+        results = []
+        for k in range(6):
+            results.append(_scaled(connection, X + k))
+            assert wait_until(watched, 10)
         fitted = connection.fit("LogisticRegression", {}, "fit", [X, (X[:, 0] > 1).astype(np.int32)], {})
         proba = connection.call(fitted.handle, "predict_proba", [X], {}, n_classes=2)
     for k, result in enumerate(results):
         assert_same(result, StandardScaler().fit_transform(X + k))
     assert_same(proba, LogisticRegression().fit(X, (X[:, 0] > 1).astype(np.int32)).predict_proba(X))
-    # every request but the first was written into the slot; the worker's reader may still take the ZeroMQ
-    # copy first (threads of one process here), and then the slot's copy is the one dropped
-    taken = worker.counts["from_slot"]
-    record("request_slot", taken_from_slot=taken, of=7)
-    assert 1 <= taken <= 7
-    assert wait_until(lambda: worker.counts["second_copies"] >= taken, 10)  # the other copy of each, dropped
-    assert not worker.session.refused, worker.session.refused  # none of them counted as a replay
+    # every request but the first was written into the slot, and taken there
+    assert worker.counts["from_slot"] == 7 and worker.counts["rung"] == 0
+    assert connection.ping()  # a round trip after the last request: a copy sent would have been read by now
+    assert worker.counts["rings"] <= 1  # the last request's: the fit's reply is not waited for to be watched
+    assert worker.counts["second_copies"] == 0
+    assert not worker.session.refused, worker.session.refused
     assert worker.counts["fit"] + worker.counts["call"] == 8  # each request ran once
 
 
@@ -287,6 +304,38 @@ def test_a_request_slot_that_does_not_verify_costs_only_the_wait_for_its_zeromq_
         assert wait_until(lambda: worker.session.refused["bad_signature"] == 1, 10)
         assert_same(_scaled(connection, X + 1), StandardScaler().fit_transform(X + 1))  # through ZeroMQ
     assert worker.counts["from_slot"] == 0 and worker.counts["fit"] == 2
+
+
+def test_a_request_the_worker_does_not_take_from_its_slot_is_sent_through_zeromq_at_once(watching_worker,
+                                                                                          monkeypatch):
+    """A request that the worker reads from the slot but refuses (here: changed after signing) is marked so, and
+    the client sends the ZeroMQ copy it holds back at once; without the mark it would wait for ``COPY_AFTER``
+    (here: never) and then for the end of its spin (a minute)."""
+    monkeypatch.setattr(reply_slot, "COPY_AFTER", float("inf"))
+    worker, connect = watching_worker
+    connection = connect()
+    X = np.random.default_rng(4).standard_normal((50, 3))
+    signed_write = reply_slot.write
+
+    def torn(memory, token, frames):  # a request's header changed after it was signed; replies untouched
+        return signed_write(memory, token, [frames[0], bytes(frames[1]).replace(b"StandardScaler", b"Scaler")])
+
+    results = []
+
+    def calls():  # on a thread of its own (its own link), so that a client that waits too long fails the test
+        with sklearn_gpu_bridge.config_context(reply_wait="spin"):
+            _scaled(connection, X)
+            link = connection._link()
+            if wait_until(lambda: reply_slot.watch_word(link.request_slot.buffer())[0] == link.next_token, 10):
+                monkeypatch.setattr(reply_slot, "write", torn)
+                results.append(_scaled(connection, X + 1))
+
+    thread = threading.Thread(target=calls, daemon=True)
+    thread.start()
+    thread.join(20)
+    assert results, "the held copy was not sent"
+    assert_same(results[0], StandardScaler().fit_transform(X + 1))
+    assert worker.session.refused["bad_signature"] == 1 and worker.counts["from_slot"] == 0
 
 
 @pytest.mark.parametrize("way", ["watched", "rung"])
@@ -457,9 +506,10 @@ def test_armed_slots_are_bounded_however_many_threads_a_client_keeps(ringing_wor
     assert armed and kept == 3, kept
 
 
-def test_the_next_requests_come_through_the_doorbell_and_run_once(ringing_worker):
-    """The client rings after writing each next request into its slot, and sends it through ZeroMQ too: every
-    request runs once, with scikit-learn's answers, and no second copy counts as a replay."""
+def test_the_next_requests_come_through_the_doorbell_and_run_once(ringing_worker, copies_held_long):
+    """The client rings after writing each next request into its slot, and holds its ZeroMQ copy back until the
+    worker marks it: every request is taken from the slot, runs once, with scikit-learn's answers, and none
+    is sent twice (before: every request went both ways)."""
     worker, connect = ringing_worker
     connection = connect()
     X = np.random.default_rng(8).standard_normal((80, 4)) * 2
@@ -470,9 +520,8 @@ def test_the_next_requests_come_through_the_doorbell_and_run_once(ringing_worker
             _armed(worker, connection)
     for k, result in enumerate(results):
         assert_same(result, StandardScaler().fit_transform(X + k))
-    record("doorbell", rung=worker.counts["rung"], of=5)
-    assert 1 <= worker.counts["rung"] <= 5  # the reader may still take a ZeroMQ copy first (one process here)
-    assert wait_until(lambda: worker.counts["second_copies"] >= worker.counts["from_slot"], 10)
+    assert worker.counts["rung"] == worker.counts["from_slot"] == 5
+    assert connection.ping() and worker.counts["second_copies"] == 0
     assert not worker.session.refused, worker.session.refused
     assert worker.counts["fit"] == 6
 

@@ -458,23 +458,33 @@ class Worker:
         if found is None:
             return
         token, memory = found
-        state = reply_slot.state_word(memory)
+        state, watch = reply_slot.state_word(memory), reply_slot.watch_word(memory)
+        watch[0] = token  # the client need not ring
         deadline = time.monotonic() + self.watch_ms / 1000
         while state[0] != token:
             if state[0] == -token or self._stopping.is_set():
+                watch[0] = 0
                 return
             if time.monotonic() > deadline or not self.queue.idle():
                 self._arm(identity, header)  # from now on the doorbell says when to look
-                return
+                watch[0] = 0  # and the client rings; a request written before it read this is taken below
+                if state[0] != token:
+                    return
+                self._disarm(header["client"], header["next_slot"])
+                break
             os.sched_yield()
-        self._take_request(identity, memory, header["client"])
+        watch[0] = 0
+        self._take_request(identity, memory, header["client"], token)
 
-    def _take_request(self, identity, memory, client):
+    def _take_request(self, identity, memory, client, token):
         """The request a request slot of ``client`` holds, read as any message (:meth:`_accept`, as that
-        client's only); True if it was queued as work."""
+        client's only); True if it was queued as work. The slot is marked either way (``reply_slot.taken``,
+        or ``-token``: the client sends the ZeroMQ copy it holds back)."""
         arrived = time.monotonic()
         frames = reply_slot.read(memory)
-        return frames is not None and bool(self._accept(identity, frames, arrived, owner=client))
+        queued = frames is not None and bool(self._accept(identity, frames, arrived, owner=client))
+        reply_slot.state_word(memory)[0] = reply_slot.taken(token) if queued else -token
+        return queued
 
     def _slot_block(self, header, name):
         """(token, memory) of the block that ``header[name]`` (a reply or request slot) names in the memfd pool
@@ -520,6 +530,7 @@ class Worker:
                 break
             except OSError:  # the socket is closing
                 break
+            self.counts["rings"] += 1
             with self._armed_lock:
                 armed = self._armed.get(ring)
                 if armed is not None and armed[2] < time.monotonic() - ARMED_SECONDS:
@@ -545,7 +556,7 @@ class Worker:
                 continue
             self.counts["rung"] += 1
             try:
-                queued |= self._take_request(identity, memory, slot["client"])
+                queued |= self._take_request(identity, memory, slot["client"], token)
             except Exception:  # noqa: BLE001 - as in _lead: a message must never stop the reading
                 self.counts["failed"] += 1
                 log.exception("a request read from a request slot could not be handled; dropped it")

@@ -34,6 +34,22 @@ After the watch the block stays armed: the client rings the worker's doorbell
 datagram that names the block (:func:`ring_of`), and the worker's reader, which
 polls the doorbell beside its socket, reads that block then
 (``Worker._answer_bell``).
+
+The worker says where it stands in two more words, so that neither side
+does more than it must:
+
+- the **watch word**, the last word of a request slot: the token a worker
+  thread watches the slot for, set when it starts and cleared (0) when it
+  stops. The client rings only where it does not read its request's token
+  there: a ring to a thread that watches only wakes the worker's reader.
+- the **state word** of a request slot, once the worker has read the request
+  there: ``taken(token)`` once it is queued to run, ``-token`` where it was
+  not (refused, a duplicate). The client holds the request's ZeroMQ copy back
+  until then and sends it only where the request was not taken, or no mark
+  came within ``COPY_AFTER``: a copy that arrives while the request runs
+  would only be read and dropped, by a reader that holds the worker's GIL
+  meanwhile. Both words are hints for speed: a mark missed or out of date
+  costs the wait for the ZeroMQ copy, never a request.
 """
 
 import secrets
@@ -47,6 +63,8 @@ REQUEST_SLOT_MAX = 1 << 20  # bytes: a longer request slot is not watched (a blo
 
 
 RING_MAX = 256  # bytes of a ring the worker reads: one that :func:`ring_of` makes is far shorter
+TAKEN = TOKEN_LIMIT  # added to a request's token once the worker has queued it: never a token, nor minus one
+COPY_AFTER = 0.002  # seconds a request written into its slot waits for the worker's mark before its ZeroMQ copy
 
 
 def ring_of(client, slot):
@@ -67,6 +85,21 @@ def is_token(value):
 def state_word(memory):
     """The first word of a slot, as a one-element int64 array that reads the shared memory itself."""
     return np.frombuffer(memory, np.int64, count=1)
+
+
+def taken(token):
+    """What the worker writes into a request slot's state word once it has queued the request read there."""
+    return token + TAKEN
+
+
+def watch_word(memory):
+    """The last word of a request slot: the token a worker thread watches it for; anything else: ring."""
+    return np.frombuffer(memory, np.int64, count=1, offset=len(memory) - WORD)
+
+
+def request_room(memory):
+    """Where a request slot's request goes: all of it but its watch word."""
+    return memory[: len(memory) - WORD]
 
 
 def write(memory, token, frames):
