@@ -330,9 +330,10 @@ for stage in "$@"; do
         --parts cases --only "$small" --no-sklearn-large --out "$OUT/e2e-watch-before.json" ;;
     held)  # issue 15, eighth session: a request written into its slot is not sent through ZeroMQ too unless the
       # worker does not take it there, and the client rings only where no thread watches; the six small cases
-      # before (BEFORE_SITE: 8ebd77a) and after, alternated, twice; then the legs after and before
+      # before (BEFORE_SITE: 8ebd77a) and after, alternated, twice
+      ROUNDS=2 alternate held 150 "StandardScaler fit_transform 5000x20|LogisticRegression fit+predict 5000x20|SVC(rbf) fit+predict 500x20" ;;
+    held-legs)  # the same change: the legs of the small cases after and before
       small="StandardScaler fit_transform 5000x20|LogisticRegression fit+predict 5000x20|SVC(rbf) fit+predict 500x20"
-      ROUNDS=2 alternate held 150 "$small"
       step 90 "$OUT/held-legs-after.txt" python3 benchmarks/e2e.py --parts profile --only "$small" --out /tmp/legs.json
       step 90 "$OUT/held-legs-before.txt" env PYTHONPATH="$BEFORE_SITE:$PYTHONPATH" python3 benchmarks/e2e.py \
         --parts profile --only "$small" --out /tmp/legs.json ;;
