@@ -20,7 +20,9 @@ request may come that way, past the sleeping reader. After the watch the slot
 stays armed, and a client that writes its next request there later rings the
 worker's doorbell, a datagram socket that the reader polls beside the ZeroMQ
 one (:meth:`Worker._answer_bell`): one thread is woken, where ZeroMQ wakes
-three. Which op is which is the protocol's
+three. The worker marks each request it reads from a slot (taken or not), and
+the client sends the same request through ZeroMQ only where it was not taken
+(:mod:`sklearn_gpu_bridge.protocol.reply_slot`). Which op is which is the protocol's
 catalogue (:data:`sklearn_gpu_bridge.protocol.OPS`); each has a method
 ``_op_<name>`` here.
 

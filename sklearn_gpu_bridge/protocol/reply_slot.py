@@ -23,17 +23,17 @@ The same layout carries requests the other way (``next_slot``): a request
 names a block of the pool that its thread keeps, and a token; after the
 reply, the worker's thread watches that block for up to the worker's
 ``watch_ms`` (3 ms by default) while it has nothing else to do, and the
-client writes its next request there (``token`` last) before it sends it
-through ZeroMQ. A fit+predict pair's second call then reaches a worker
-thread that is awake, without a ZeroMQ I/O thread or a sleeping reader
-between them. The worker reads the message as it
+client writes its next request there (``token`` last). A fit+predict pair's
+second call then reaches a worker thread that is awake, without a ZeroMQ I/O
+thread or a sleeping reader between them. The worker reads the message as it
 reads any (signature, time, replay, and the client must be the block's
-owner); whichever of the two copies comes second is dropped as a duplicate.
-After the watch the block stays armed: the client rings the worker's doorbell
-(a Unix datagram socket beside the worker's own) when it writes there, with a
-datagram that names the block (:func:`ring_of`), and the worker's reader, which
-polls the doorbell beside its socket, reads that block then
-(``Worker._answer_bell``).
+owner). After the watch the block stays armed: the client rings the worker's
+doorbell (a Unix datagram socket beside the worker's own) when it writes
+there, with a datagram that names the block (:func:`ring_of`), and the
+worker's reader, which polls the doorbell beside its socket, reads that block
+then (``Worker._answer_bell``). The client sends the request through ZeroMQ
+as well only where the worker does not take it from the block (below);
+where both copies go, whichever comes second is dropped as a duplicate.
 
 The worker says where it stands in two more words, so that neither side
 does more than it must:
