@@ -123,8 +123,9 @@ class _Link:
     """One thread's sockets: requests, a monitor of the connection, and (when needed) pings; and the block of
     the pool where the worker may watch for this thread's next request (protocol.reply_slot)."""
 
-    def __init__(self, info):
+    def __init__(self, info, retire_slot=None):
         self.info = info
+        self.retire_slot = retire_slot  # where the request slot goes when the link does (None: back to the pool)
         self.socket = _dealer(info, connect=False)
         # its own name, kept when ZeroMQ connects it again (the worker hands the name over to the new
         # connection): a request the worker read from this thread's request slot is answered to it, not to a
@@ -146,7 +147,7 @@ class _Link:
         ``doorbell`` rings, which is rung unless a worker thread watches the slot for this very request.
 
         ZeroMQ carries the request as well (the worker may not look; whichever copy comes second is
-        dropped). With ``hold`` and a doorbell, that copy is held back: returned as a :class:`_HeldCopy`,
+        dropped), unless held: with ``hold`` and a doorbell, that copy is returned as a :class:`_HeldCopy`,
         sent only where the worker does not mark the request taken (:meth:`Connection._watch`); else None.
         """
         token, self.next_token = self.next_token, None
@@ -197,8 +198,11 @@ class _Link:
         for sock in (self.events, self.socket, self.pinger):
             if sock is not None:
                 sock.close(linger=0)
-        if self.request_slot is not None:  # the worker only ever reads it
-            self.request_slot.release()
+        if self.request_slot is not None:
+            if self.retire_slot is not None:  # the worker may still write its marks there: never an array's
+                self.retire_slot(self.request_slot)
+            else:
+                self.request_slot.release()
 
     def __del__(self):
         """A thread's link goes when the thread ends (the connection holds links weakly), and with it its
@@ -317,6 +321,9 @@ class Connection:
         self._stop_keepalive = threading.Event()
         self.pool = Pool(pool_directory) if pool != "off" else None
         self._doorbell = None  # the worker's doorbell socket, where it attached the pool (_open_doorbell)
+        # request slots of links that are gone: the worker may still write into one (its watch word, a late
+        # mark), so each is kept for another thread's requests, never given back to the pool for arrays
+        self._spare_request_slots = deque()
         self._cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         try:
             self.capabilities = self._hello()
@@ -334,7 +341,7 @@ class Connection:
     def _link(self):
         link = getattr(self._local, "link", None)
         if link is None:
-            link = self._local.link = _Link(self.info)
+            link = self._local.link = _Link(self.info, self._spare_request_slots.append)
             with self._sockets_lock:
                 self._links.add(link)
         return link
@@ -444,7 +451,10 @@ class Connection:
     def _request_slot(self, link):
         """``next_slot`` of a request: this thread's request slot and a fresh token for its next request."""
         if link.request_slot is None:
-            link.request_slot = self.pool.allocate(1)
+            try:
+                link.request_slot = self._spare_request_slots.pop()
+            except IndexError:
+                link.request_slot = self.pool.allocate(1)
             link.ring = reply_slot.ring_of(self.client_id, {"segment": link.request_slot.segment,
                                                             "offset": link.request_slot.offset})
         block = link.request_slot
@@ -466,14 +476,14 @@ class Connection:
         deadline = time.monotonic() + seconds
         while state[0] != token:
             now = time.monotonic()
-            if held is not None and held.settled(now):
-                held = None
             if state[0] == -token:  # the reply did not fit: the request was taken
                 return None
             if now > deadline:
                 if held is not None and held.state[0] != reply_slot.taken(held.token):
                     held.send()
                 return None
+            if held is not None and held.settled(now):
+                held = None
             os.sched_yield()
         frames = reply_slot.read(memory)
         try:

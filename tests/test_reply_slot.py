@@ -338,6 +338,46 @@ def test_a_request_the_worker_does_not_take_from_its_slot_is_sent_through_zeromq
     assert worker.session.refused["bad_signature"] == 1 and worker.counts["from_slot"] == 0
 
 
+def test_a_request_that_no_thread_takes_is_sent_through_zeromq_after_copy_after(ringing_worker):
+    """A request written into a slot that is neither watched nor armed (a ring nobody hears): no mark comes,
+    and the client sends the copy it held back after ``COPY_AFTER`` (2 ms), not at the end of its spin (here a
+    minute)."""
+    worker, connect = ringing_worker
+    connection = connect()
+    X = np.random.default_rng(6).standard_normal((30, 3))
+    results = []
+
+    def calls():  # a thread of its own, so that a client that waits for its spin to end fails the test
+        with sklearn_gpu_bridge.config_context(reply_wait="spin"):
+            _scaled(connection, X)
+            _armed(worker, connection)
+            with worker._armed_lock:
+                worker._armed.clear()  # the ring will name no armed slot
+            results.append(_scaled(connection, X + 1))
+
+    thread = threading.Thread(target=calls, daemon=True)
+    thread.start()
+    thread.join(20)
+    assert results, "the held copy was not sent"
+    assert_same(results[0], StandardScaler().fit_transform(X + 1))
+    assert worker.counts["from_slot"] == 0 and worker.counts["rings"] == 1 and worker.counts["fit"] == 2
+
+
+def test_a_request_slot_of_a_thread_that_is_gone_never_holds_another_requests_arrays(watching_worker):
+    """The worker writes into a request slot (its watch word, its marks) after the slot's thread may be gone;
+    a block the client gave back to its pool would hold the next request's arrays, and a watch that ends when
+    that request comes would write 0 into them. The slot serves the next thread's requests instead."""
+    worker, connect = watching_worker
+    connection = connect()
+    big = np.arange(1.0, 600_001.0)  # 4.8 MB: the pool's lowest free blocks, the freed slot's among them
+    with sklearn_gpu_bridge.config_context(reply_wait="spin"):
+        for _ in range(20):
+            thread = threading.Thread(target=lambda: connection.echo(np.ones(3)))
+            thread.start()
+            thread.join(10)  # its link goes with it, while a worker thread watches its slot
+            np.testing.assert_array_equal(connection.echo(big, out_nbytes=0)[0], big)
+
+
 @pytest.mark.parametrize("way", ["watched", "rung"])
 def test_a_request_slot_holding_another_clients_request_is_not_run_for_its_owner(way, request):
     """A key holder that writes a victim's request (its client id, a handle of its own) into its own slot, which

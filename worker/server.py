@@ -445,9 +445,10 @@ class Worker:
         """After a reply: watch the block its request named as ``next_slot`` for the client's next request,
         while no other request runs or waits, for up to ``watch_ms`` (protocol.reply_slot).
 
-        The block must lie in the pool its client attached. What is found there is only a copy of what the
-        client sends through ZeroMQ: it is read as any message (:meth:`_accept`), and anything wrong with it
-        costs that client the wait for its ZeroMQ copy, nothing more.
+        The block must lie in the pool its client attached. Its last word says that a thread watches it for
+        that token (the client then does not ring); the request is marked when taken (:meth:`_take_request`).
+        What is found there is read as any message (:meth:`_accept`), and anything wrong with it costs that
+        client the wait for the ZeroMQ copy it holds back, nothing more.
         """
         identity, header = item[0], item[1]
         nbytes = header["next_slot"].get("nbytes") if isinstance(header.get("next_slot"), dict) else None
@@ -468,9 +469,9 @@ class Worker:
                 watch[0] = 0
                 return
             if time.monotonic() > deadline or not self.queue.idle():
-                self._arm(identity, header)  # from now on the doorbell says when to look
-                watch[0] = 0  # and the client rings; a request written before it read this is taken below
-                if state[0] != token:
+                watch[0] = 0  # the client rings from now on, and the doorbell says when to look: armed
+                self._arm(identity, header)  # after the store (its lock is a barrier); a request written
+                if state[0] != token:  # before the client read the watch word is taken here
                     return
                 self._disarm(header["client"], header["next_slot"])
                 break
@@ -512,7 +513,8 @@ class Worker:
                 del self._armed[next(iter(self._armed))]
 
     def _disarm(self, client, slot):
-        """A request came through ZeroMQ: the slot it names is armed again (with its new token) after it."""
+        """A request came through ZeroMQ, or was taken by the thread that armed the slot: the slot is armed
+        again (with its new token) after it."""
         if self._armed and isinstance(slot, dict):
             with self._armed_lock:
                 self._armed.pop(reply_slot.ring_of(client, slot), None)

@@ -45,7 +45,7 @@ MAX_SKEW = 300.0  # seconds a message's time may be from the worker's clock
 REMEMBER = 1 << 20  # signatures a worker keeps to refuse replays (those older than 2 x MAX_SKEW go first)
 MAX_HEADER = 16 << 20  # bytes: a longer header is refused before its signature is computed
 DIGEST_THREADS_FROM = 1 << 20  # bytes: from this size a buffer is hashed on all cores
-SECOND_WAY_REMEMBERED = 4096  # messages taken from request slots whose ZeroMQ copies are still to come
+SECOND_WAY_REMEMBERED = 4096  # messages taken from request slots whose ZeroMQ copies may come (most never do)
 PLAIN_TYPES = (type(None), bool, int, float, str, bytes)
 
 # The opcodes that build plain values. Left out on purpose: globals, calls and
@@ -228,7 +228,7 @@ class Session:
         ``check_buffers=False`` leaves the digests to :meth:`check_buffers` (the worker checks them on an
         executor thread, so that hashing a large frame never holds up its loop). ``slot_of``: the message
         was read from the request slot (protocol.reply_slot) of this client, whose request it must be; its
-        client sent it through ZeroMQ too, and whichever copy comes second is refused as :class:`Duplicate`,
+        client may send it through ZeroMQ too, and whichever copy comes second is refused as :class:`Duplicate`,
         not counted as a replay.
         """
         if len(frames) < 2:
