@@ -521,7 +521,8 @@ def test_threads_share_the_pool_without_mixing_arrays(connection):
 @pytest.mark.parametrize("reply_wait", ["spin", "sleep"])
 def test_threads_that_end_leave_no_sockets_or_slots_behind(connection, reply_wait):
     """A program that starts thread after thread (a ThreadPoolExecutor per task) must not keep each gone
-    thread's sockets, their descriptors, or its request slot until the process exits."""
+    thread's sockets, their descriptors, or its request slot until the process exits. (A gone thread's request
+    slot is kept for the next thread's requests, since the worker may still write into it: one slot, reused.)"""
     def calls():
         for _ in range(2):
             connection.echo(np.ones(1000))
@@ -539,7 +540,7 @@ def test_threads_that_end_leave_no_sockets_or_slots_behind(connection, reply_wai
                 thread = threading.Thread(target=calls)
                 thread.start()
                 thread.join()
-            assert connection.pool.slots_in_use == slots
+            assert connection.pool.slots_in_use <= slots + 1  # 60 threads in turn: one spare request slot
             assert descriptors() < fds + 10  # each thread's link held 3 (two sockets, one connection): 180 kept
         finally:
             gc.enable()
