@@ -123,9 +123,9 @@ class _Link:
     """One thread's sockets: requests, a monitor of the connection, and (when needed) pings; and the block of
     the pool where the worker may watch for this thread's next request (protocol.reply_slot)."""
 
-    def __init__(self, info, retire_slot=None):
+    def __init__(self, info, retire_slot):
         self.info = info
-        self.retire_slot = retire_slot  # where the request slot goes when the link does (None: back to the pool)
+        self.retire_slot = retire_slot  # where the request slot goes when the link does (never back to the pool)
         self.socket = _dealer(info, connect=False)
         # its own name, kept when ZeroMQ connects it again (the worker hands the name over to the new
         # connection): a request the worker read from this thread's request slot is answered to it, not to a
@@ -198,11 +198,8 @@ class _Link:
         for sock in (self.events, self.socket, self.pinger):
             if sock is not None:
                 sock.close(linger=0)
-        if self.request_slot is not None:
-            if self.retire_slot is not None:  # the worker may still write its marks there: never an array's
-                self.retire_slot(self.request_slot)
-            else:
-                self.request_slot.release()
+        if self.request_slot is not None:  # the worker may still write its marks there: never an array's
+            self.retire_slot(self.request_slot)
 
     def __del__(self):
         """A thread's link goes when the thread ends (the connection holds links weakly), and with it its
@@ -222,16 +219,18 @@ class _HeldCopy:
     request there (protocol.reply_slot): sent where it was not taken, or no mark came in time."""
 
     def __init__(self, link, frames, token, memory):
-        self.link, self.frames, self.token = link, frames, token
+        self.link, self.frames = link, frames
         self.state = reply_slot.state_word(memory)
+        self.taken, self.refused = reply_slot.taken(token), -token
         self.limit = time.monotonic() + reply_slot.COPY_AFTER
 
-    def settled(self, now):
-        """True once nothing more is to be done: the request was taken, or its copy is sent."""
+    def settled(self, now, last=False):
+        """True once nothing more is to be done: the request was taken, or its copy is sent (``last``: the
+        client stops looking, so the copy is sent now unless the request was taken)."""
         state = self.state[0]
-        if state == reply_slot.taken(self.token):
+        if state == self.taken:
             return True
-        if state == -self.token or now > self.limit:
+        if last or state == self.refused or now > self.limit:
             self.send()
             return True
         return False
@@ -479,8 +478,8 @@ class Connection:
             if state[0] == -token:  # the reply did not fit: the request was taken
                 return None
             if now > deadline:
-                if held is not None and held.state[0] != reply_slot.taken(held.token):
-                    held.send()
+                if held is not None:
+                    held.settled(now, last=True)
                 return None
             if held is not None and held.settled(now):
                 held = None

@@ -306,6 +306,27 @@ def test_a_request_slot_that_does_not_verify_costs_only_the_wait_for_its_zeromq_
     assert worker.counts["from_slot"] == 0 and worker.counts["fit"] == 2
 
 
+def _answered_on_a_thread_of_its_own(calls, timeout=20):
+    """What ``calls()`` returns, run with ``reply_wait=spin`` on a thread of its own (its own link): a client
+    that waits too long (for the end of a minute's spin, or for ever) fails the test instead of hanging it."""
+    results, errors = [], []
+
+    def run():
+        try:
+            with sklearn_gpu_bridge.config_context(reply_wait="spin"):
+                results.append(calls())
+        except BaseException as exc:  # noqa: BLE001 - raised again on the test's thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if errors:
+        raise errors[0]
+    assert results, f"no answer within {timeout} s: the held ZeroMQ copy was not sent"
+    return results[0]
+
+
 def test_a_request_the_worker_does_not_take_from_its_slot_is_sent_through_zeromq_at_once(watching_worker,
                                                                                           monkeypatch):
     """A request that the worker reads from the slot but refuses (here: changed after signing) is marked so, and
@@ -320,46 +341,38 @@ def test_a_request_the_worker_does_not_take_from_its_slot_is_sent_through_zeromq
     def torn(memory, token, frames):  # a request's header changed after it was signed; replies untouched
         return signed_write(memory, token, [frames[0], bytes(frames[1]).replace(b"StandardScaler", b"Scaler")])
 
-    results = []
+    def calls():
+        _scaled(connection, X)
+        link = connection._link()
+        assert wait_until(lambda: reply_slot.watch_word(link.request_slot.buffer())[0] == link.next_token, 10)
+        monkeypatch.setattr(reply_slot, "write", torn)
+        return _scaled(connection, X + 1)
 
-    def calls():  # on a thread of its own (its own link), so that a client that waits too long fails the test
-        with sklearn_gpu_bridge.config_context(reply_wait="spin"):
-            _scaled(connection, X)
-            link = connection._link()
-            if wait_until(lambda: reply_slot.watch_word(link.request_slot.buffer())[0] == link.next_token, 10):
-                monkeypatch.setattr(reply_slot, "write", torn)
-                results.append(_scaled(connection, X + 1))
-
-    thread = threading.Thread(target=calls, daemon=True)
-    thread.start()
-    thread.join(20)
-    assert results, "the held copy was not sent"
-    assert_same(results[0], StandardScaler().fit_transform(X + 1))
+    assert_same(_answered_on_a_thread_of_its_own(calls), StandardScaler().fit_transform(X + 1))
     assert worker.session.refused["bad_signature"] == 1 and worker.counts["from_slot"] == 0
 
 
-def test_a_request_that_no_thread_takes_is_sent_through_zeromq_after_copy_after(ringing_worker):
+@pytest.mark.parametrize("ends", ["copy_after", "spin"])
+def test_a_request_that_no_thread_takes_is_sent_through_zeromq(ringing_worker, monkeypatch, ends):
     """A request written into a slot that is neither watched nor armed (a ring nobody hears): no mark comes,
     and the client sends the copy it held back after ``COPY_AFTER`` (2 ms), not at the end of its spin (here a
-    minute)."""
+    minute); or, where the spin is the shorter (here 1 ms, ``COPY_AFTER`` never), when the spin ends, before it
+    waits on the socket for a reply to a request that nobody has."""
+    if ends == "spin":
+        monkeypatch.setattr(reply_slot, "COPY_AFTER", float("inf"))
+        monkeypatch.setattr(client, "SPIN_SECONDS", 0.001)
     worker, connect = ringing_worker
     connection = connect()
     X = np.random.default_rng(6).standard_normal((30, 3))
-    results = []
 
-    def calls():  # a thread of its own, so that a client that waits for its spin to end fails the test
-        with sklearn_gpu_bridge.config_context(reply_wait="spin"):
-            _scaled(connection, X)
-            _armed(worker, connection)
-            with worker._armed_lock:
-                worker._armed.clear()  # the ring will name no armed slot
-            results.append(_scaled(connection, X + 1))
+    def calls():
+        _scaled(connection, X)
+        _armed(worker, connection)
+        with worker._armed_lock:
+            worker._armed.clear()  # the ring will name no armed slot
+        return _scaled(connection, X + 1)
 
-    thread = threading.Thread(target=calls, daemon=True)
-    thread.start()
-    thread.join(20)
-    assert results, "the held copy was not sent"
-    assert_same(results[0], StandardScaler().fit_transform(X + 1))
+    assert_same(_answered_on_a_thread_of_its_own(calls), StandardScaler().fit_transform(X + 1))
     assert worker.counts["from_slot"] == 0 and worker.counts["rings"] == 1 and worker.counts["fit"] == 2
 
 
@@ -403,7 +416,8 @@ def test_a_request_slot_holding_another_clients_request_is_not_run_for_its_owner
 def test_a_request_slot_in_a_pool_its_client_did_not_attach_is_not_watched(watching_worker):
     """A key holder that names a victim's request slot (its pool, its block, even its next token) as its own
     ``next_slot`` gets an error, and no thread watches that block for it: the victim's next request is never
-    read on the key holder's behalf (it would be refused as not the owner's, and counted), and is answered."""
+    read on the key holder's behalf (it would be refused as not the owner's, and counted), no watch word is
+    written there for it, and the victim is answered."""
     worker, connect = watching_worker
     victim, hostile = connect(), connect()
     X = np.random.default_rng(6).standard_normal((40, 3)) + 2
@@ -412,9 +426,12 @@ def test_a_request_slot_in_a_pool_its_client_did_not_attach_is_not_watched(watch
         link = victim._link()
         block = link.request_slot
         slot = {"segment": block.segment, "offset": block.offset, "nbytes": block.nbytes, "token": link.next_token}
-        with pytest.raises(ProtocolError, match="did not attach"):
-            hostile._roundtrip({"op": "echo", "pool": victim.pool.name, "next_slot": slot,
-                                "payload": {"args": [], "kwargs": {}}})
+        for token in (link.next_token, 12345):  # the victim's own, and one the worker would write as watched
+            with pytest.raises(ProtocolError, match="did not attach"):
+                hostile._roundtrip({"op": "echo", "pool": victim.pool.name, "next_slot": {**slot, "token": token},
+                                    "payload": {"args": [], "kwargs": {}}})
+        memory = block.buffer()  # the worker writes into a watched slot: never into this one for the key holder
+        assert not wait_until(lambda: reply_slot.watch_word(memory)[0] == 12345, 0.5)
         assert_same(_scaled(victim, X * 3), StandardScaler().fit_transform(X * 3))
     assert not worker.session.refused, worker.session.refused
     assert worker.counts["fit"] == 2

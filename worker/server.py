@@ -464,10 +464,7 @@ class Worker:
         state, watch = reply_slot.state_word(memory), reply_slot.watch_word(memory)
         watch[0] = token  # the client need not ring
         deadline = time.monotonic() + self.watch_ms / 1000
-        while state[0] != token:
-            if state[0] == -token or self._stopping.is_set():
-                watch[0] = 0
-                return
+        while state[0] not in (token, -token) and not self._stopping.is_set():
             if time.monotonic() > deadline or not self.queue.idle():
                 watch[0] = 0  # the client rings from now on, and the doorbell says when to look: armed
                 self._arm(identity, header)  # after the store (its lock is a barrier); a request written
@@ -477,7 +474,8 @@ class Worker:
                 break
             os.sched_yield()
         watch[0] = 0
-        self._take_request(identity, memory, header["client"], token)
+        if state[0] == token:
+            self._take_request(identity, memory, header["client"], token)
 
     def _take_request(self, identity, memory, client, token):
         """The request a request slot of ``client`` holds, read as any message (:meth:`_accept`, as that

@@ -44,9 +44,10 @@ does more than it must:
   there: a ring to a thread that watches only wakes the worker's reader.
 - the **state word** of a request slot, once the worker has read the request
   there: ``taken(token)`` once it is queued to run, ``-token`` where it was
-  not (refused, a duplicate, the client's queue full, a quick operation). The client holds the request's ZeroMQ copy back
-  until then and sends it only where the request was not taken, or no mark
-  came within ``COPY_AFTER``: a copy that arrives while the request runs
+  not (refused, a duplicate, the client's queue full, a quick operation).
+  The client holds the request's ZeroMQ copy back until then and sends it
+  only where the request was not taken, or no mark came within
+  ``COPY_AFTER``: a copy that arrives while the request runs
   would only be read and dropped, by a reader that holds the worker's GIL
   meanwhile. Both words are hints for speed: a mark missed or out of date
   costs the wait for the ZeroMQ copy, never a request. Since the worker
