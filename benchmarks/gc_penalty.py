@@ -1,6 +1,6 @@
 """What a full garbage collection before each call costs the bridge, against the same call in process.
 
-    python benchmarks/gc_penalty.py [--backend sklearn] [--calls 100] [--out results/...json]
+    python benchmarks/gc_penalty.py [--backend sklearn] [--calls 100] [--reply-wait spin] [--out results/...json]
 
 ``e2e.py`` times each run after a ``gc.collect()`` (so that no collection
 falls inside a timed run). A full collection walks every object of the
@@ -9,7 +9,12 @@ processes, may pay more for that than the estimator in process. Here each
 small case runs ``--calls`` times three ways, in process (the worker
 backend's class: scikit-learn's or cuML's) and bridged: back to back, after
 ``gc.collect()``, and after a sleep of 20 ms (an idle pause of about a
-collection's length, without the walk). Medians in ms.
+collection's length, without the walk), and an echo with no arrays (the
+bridge's floor) the same three ways. Medians in ms. ``--reply-wait spin``
+makes the calls spin for their replies as ``auto`` does beside a cuML
+worker, so that a scikit-learn worker exercises the request slots; run it
+once per tree, in turn, to compare two trees (``PYTHONPATH=<other tree's
+site>`` for the other).
 """
 
 import argparse
@@ -45,12 +50,17 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", choices=("sklearn", "cuml"), default="sklearn")
     parser.add_argument("--calls", type=int, default=100)
+    parser.add_argument("--reply-wait", choices=("auto", "spin", "sleep"), default="auto")
     parser.add_argument("--out")
     args = parser.parse_args()
     worker = WorkerProcess(args.backend)
-    sklearn_gpu_bridge.set_config(connection_file=str(worker.connection_file), start_local_worker=False)
+    sklearn_gpu_bridge.set_config(connection_file=str(worker.connection_file), start_local_worker=False,
+                                  reply_wait=args.reply_wait)
     rows = []
     try:
+        echo = sklearn_gpu_bridge.get_connection().echo
+        rows.append({"case": "echo, no arrays", **{f"bridge, {mode}": timed(echo, mode, args.calls) for mode in MODES}})
+        print(json.dumps(rows[-1]), flush=True)
         for case in (c for c in CASES if c.name in SMALL):
             X, y = make_data(case)
             local = (lambda c=case: c.sklearn(**c.params)) if args.backend == "sklearn" else \
@@ -69,7 +79,8 @@ def main():
         worker.stop()
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"backend": args.backend, "calls": args.calls, "cases": rows}, f, indent=1)
+            json.dump({"backend": args.backend, "calls": args.calls, "reply_wait": args.reply_wait,
+                       "bridge": sklearn_gpu_bridge.__file__, "cases": rows}, f, indent=1)
 
 
 if __name__ == "__main__":
