@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the checkout, after `bash .gpu-wheels/install.sh install`
 # (../shared/gpu/README.md): this project installed beside cuML in /tmp/gpu-site
-# (with Dask's and blake3's wheels where .gpu-wheels/extra was carried), the trees before a
+# (with the wheels of .gpu-wheels/extra where it was carried: blake3, msgpack, pytest-timeout; Dask's), the trees before a
 # change in /tmp/before-site and /tmp/before-NAME-site (where .gpu-wheels/before.tar and
 # before-NAME.tar, `git archive`s, were carried), a client environment without cuML in
-# /tmp/client-site (pyzmq, blake3 and this project only),
+# /tmp/client-site (pyzmq, blake3, msgpack and this project only),
 # and /tmp/run holding tests/, benchmarks/ and setup.cfg (run from there, so that the
 # checkout's own package folders do not shadow the installed ones).
 set -euo pipefail
@@ -24,7 +24,7 @@ for tree in .gpu-wheels/before*.tar; do
   tar xf "$tree" -C "/tmp/$name-src" && "${PIP[@]}" --target "/tmp/$name-site" "/tmp/$name-src"
 done
 rm -rf /tmp/client-site && mkdir -p /tmp/client-site
-cp -r "$SITE"/zmq "$SITE"/pyzmq* "$SITE"/blake3* /tmp/client-site/ && "${PIP[@]}" --target /tmp/client-site .
+cp -r "$SITE"/zmq "$SITE"/pyzmq* "$SITE"/blake3* "$SITE"/msgpack* /tmp/client-site/ && "${PIP[@]}" --target /tmp/client-site .
 rm -rf /tmp/run && mkdir -p /tmp/run && cp -r tests benchmarks setup.cfg /tmp/run/
 PYTHONPATH=$SITE python3 -c "import cuml, sklearn_gpu_bridge; print('cuml', cuml.__version__)"
 PYTHONPATH=$SITE python3 -c "import dask_cuda, distributed; print('dask-cuda', dask_cuda.__version__, 'distributed', distributed.__version__)" || true

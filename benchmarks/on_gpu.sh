@@ -25,9 +25,9 @@ step() {  # step SECONDS LOGFILE COMMAND...: run, append to the log, say how it 
   tail -n 3 "$log"
 }
 
-alternate() {  # alternate NAME SECONDS CASES: e2e's cases before (BEFORE_SITE) and after, ROUNDS times (default 2)
-  local name=$1 seconds=$2 cases=$3 round
-  for round in $(seq "${ROUNDS:-2}"); do
+alternate() {  # alternate NAME SECONDS CASES: e2e's cases before (BEFORE_SITE) and after, ROUNDS times (default 2),
+  local name=$1 seconds=$2 cases=$3 round  # the first numbered FIRST_ROUND (default 1)
+  for round in $(seq "${FIRST_ROUND:-1}" $(( ${FIRST_ROUND:-1} + ${ROUNDS:-2} - 1 ))); do
     if [ -n "${BEFORE_SITE:-}" ]; then
       step "$seconds" "$OUT/$name-before.txt" env PYTHONPATH="$BEFORE_SITE:$PYTHONPATH" python3 benchmarks/e2e.py \
         --parts cases --only "$cases" --no-sklearn-large --out "$OUT/e2e-$name-before-$round.json"
@@ -337,6 +337,21 @@ for stage in "$@"; do
       step 90 "$OUT/held-legs-after.txt" python3 benchmarks/e2e.py --parts profile --only "$small" --out /tmp/legs.json
       step 90 "$OUT/held-legs-before.txt" env PYTHONPATH="$BEFORE_SITE:$PYTHONPATH" python3 benchmarks/e2e.py \
         --parts profile --only "$small" --out /tmp/legs.json ;;
+    codec)  # issue 15, ninth session: headers as msgpack, not pickles; what a header costs, before and after
+      step 120 "$OUT/header-codec.txt" env PYTHONPATH="$BEFORE_SITE:$PYTHONPATH" python3 benchmarks/header_codec.py \
+        --out "$OUT/header-codec-before.json"
+      step 120 "$OUT/header-codec.txt" python3 benchmarks/header_codec.py --out "$OUT/header-codec-after.json" ;;
+    msgpack)  # the same change: the six small cases before (BEFORE_SITE: 672c8de) and after, alternated, ROUNDS
+      ROUNDS=${ROUNDS:-1} alternate msgpack 150 \
+        "StandardScaler fit_transform 5000x20|LogisticRegression fit+predict 5000x20|SVC(rbf) fit+predict 500x20" ;;
+    msgpack-legs)  # the same change: the legs of the small cases after and before
+      small="StandardScaler fit_transform 5000x20|LogisticRegression fit+predict 5000x20|SVC(rbf) fit+predict 500x20"
+      step 90 "$OUT/msgpack-legs-after.txt" python3 benchmarks/e2e.py --parts profile --only "$small" --out /tmp/legs.json
+      step 90 "$OUT/msgpack-legs-before.txt" env PYTHONPATH="$BEFORE_SITE:$PYTHONPATH" python3 benchmarks/e2e.py \
+        --parts profile --only "$small" --out /tmp/legs.json ;;
+    msgpack-tests)  # the same change: the protocol's, security's and the fuzzer's tests with the cuML worker
+      step 300 "$OUT/pytest-cuml-msgpack.txt" "${PYTEST[@]}" -q -m "not slow" tests/test_protocol.py \
+        tests/test_security.py tests/test_fuzz.py tests/test_reply_slot.py ;;
     table)  # the README's table: every case, three ways, scikit-learn on all cores included
       step 590 "$OUT/e2e-table.txt" python3 benchmarks/e2e.py --parts cases --out "$OUT/e2e-table.json" ;;
     grid-njobs)  # the README's n_jobs rows: the grid with the default worker, 3 repeats

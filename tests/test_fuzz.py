@@ -5,7 +5,8 @@ call, get_state, set_state, attribute, echo, status, ping; arrays inline,
 in the pool and as frames) and breaks them: values swapped for junk, keys
 removed or added, operations renamed, array descriptors forged, frames
 dropped, cut, grown or added (up to 8 MB), header bytes flipped, cut or
-spliced, lists nested 100,000 deep, signatures wrong, missing or replayed.
+spliced or given msgpack the reader refuses (extensions, long lengths,
+tuples nested 2000 deep), lists nested 100,000 deep, signatures wrong, missing or replayed.
 Most mutants are signed again with the worker's key, so that they get past
 the signature check and reach the code behind it.
 
@@ -24,6 +25,7 @@ import pickle
 import random
 import time
 
+import msgpack
 import numpy as np
 import pytest
 import zmq
@@ -35,12 +37,13 @@ from sklearn_gpu_bridge.protocol import Session, loads_header, new_id
 
 from .conftest import WorkerProcess, assert_same, record, use_worker
 from .test_load import worker_rss
+from .test_protocol import nested_tuples
 
 FENCE_TIMEOUT_MS = 30_000
 OPS = ["hello", "ping", "status", "release", "goodbye", "fit", "call", "attribute", "get_state", "set_state", "echo",
        "", "reply", "error", "_op_fit", "__init__", "close", "serve_forever", "Fit", "fit ", "x" * 300]
 JUNK = [
-    None, True, False, 0, 1, -1, 7, 2**31, 2**64 + 1, -(2**63), 10**5000, 1.5, -0.0, float("nan"), float("inf"),
+    None, True, False, 0, 1, -1, 7, 2**31, 2**63, 2**64 - 1, -(2**63), 1.5, -0.0, float("nan"), float("inf"),
     "", "x", "fit", "../../etc/passwd", "sgb-pool-1-0123456789abcdef", "\x00" * 8, "é" * 50, "x" * 100_000,
     b"", b"\x00" * 16, b"\xff" * 1000, [], {}, (), [1, [2, [3]]], {"a": {"b": {}}}, [None] * 1000,
     {"__array__": 0}, {"__array__": 99}, {"__array__": -1}, {"__array__": "0"}, {"__blob__": 0}, {"__blob__": 7},
@@ -130,14 +133,9 @@ def _parent(header, path):
 
 
 def _deep_list_header(depth, msg_id):
-    """A signed-able header whose payload is a list nested ``depth`` deep (written opcode by opcode)."""
-    def text(s):
-        data = s.encode()
-        return b"\x8c" + bytes([len(data)]) + data
-
-    inner = b"]" * depth + b"a" * (depth - 1)
-    return (b"\x80\x05}" + text("op") + text("echo") + b"s" + text("id") + text(msg_id) + b"s"
-            + text("client") + text("fuzz") + b"s" + text("payload") + inner + b"s.")
+    """A signed-able header whose payload is a list nested ``depth`` deep (written byte by byte)."""
+    fields = b"".join(msgpack.packb(v) for v in ("op", "echo", "id", msg_id, "client", "fuzz", "payload"))
+    return b"\x84" + fields + b"\x91" * (depth - 1) + b"\x90"
 
 
 class Mutator:
@@ -170,7 +168,7 @@ class Mutator:
             return None  # a signed shutdown is obeyed: that is the protocol, not a fault
         try:
             return self.session.pack(header, buffers)
-        except (ValueError, RecursionError):  # a cycle or too deep for the pickler: not a message
+        except (ValueError, RecursionError):  # a cycle or too deep for the packer: not a message
             return None
 
     def _resigned(self, header_bytes, buffers):
@@ -255,7 +253,7 @@ class Mutator:
     def _bytes(self, header, buffers):
         rng = self.rng
         data = bytearray(self.session.pack(header)[1])
-        action = rng.choice(["flip", "flip", "cut", "insert", "splice", "opcode"])
+        action = rng.choice(["flip", "flip", "cut", "insert", "splice", "hostile"])
         if action == "flip":
             for _ in range(rng.randint(1, 8)):
                 data[rng.randrange(len(data))] = rng.randrange(256)
@@ -267,10 +265,11 @@ class Mutator:
         elif action == "splice":
             other = self.session.pack(rng.choice(self.templates)[0])[1]
             data = data[: rng.randrange(len(data))] + other[rng.randrange(len(other)):]
-        else:  # an opcode the reader refuses: memo, global, reduce, a huge memo index
+        else:  # what the reader refuses or reads as plain: extensions, a timestamp, long lengths, deep tuples
             at = rng.randrange(2, len(data))
-            data[at:at] = rng.choice([b"r\xf0\xff\xff\x3f", b"h\x00", b"j\x00\x00\x00\x40", b"cos\nsystem\n",
-                                      b"\x93", b"R", b"b", b"\x94"])
+            data[at:at] = rng.choice([b"\xd4\x2a\x00", b"\xd6\xff\x00\x00\x00\x01", b"\xdd\xff\xff\xff\xff",
+                                      b"\xdf\x01\x00\x00\x00", b"\xdb\x7f\xff\xff\xff", nested_tuples(9),
+                                      nested_tuples(2000), b"\xc1"])
         return self._resigned(bytes(data), buffers)
 
     def _unsigned(self, header, buffers):

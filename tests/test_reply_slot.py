@@ -189,7 +189,7 @@ def test_a_slot_that_does_not_verify_is_not_believed(connection):
     {"segment": 0, "offset": 0, "nbytes": None},
     {"segment": 0, "offset": 0, "nbytes": 4096, "token": 0},
     {"segment": 0, "offset": 0, "nbytes": 4096, "token": True},
-    {"segment": 0, "offset": 0, "nbytes": 4096, "token": 1 << 70},
+    {"segment": 0, "offset": 0, "nbytes": 4096, "token": 1 << 63},
     "not a dict",
 ])
 def test_a_bad_reply_slot_is_passed_over_and_answered_through_zeromq(connection, slot):

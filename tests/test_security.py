@@ -18,6 +18,7 @@ import subprocess
 import sys
 
 import cloudpickle
+import msgpack
 import numpy as np
 import pytest
 import zmq
@@ -34,6 +35,7 @@ from sklearn_gpu_bridge.protocol import Session, new_id
 from sklearn_gpu_bridge.worker import check_settings
 
 from .conftest import WorkerProcess, assert_same, use_worker
+from .test_protocol import nested_tuples
 
 NO_REPLY_MS = 1000  # how long refused messages are given to (wrongly) get a reply
 LATE_MS = 200  # and, after the ping proof, how long a late reply is still waited for
@@ -116,6 +118,11 @@ def _signed(key, header_bytes):
     return [Session(key).sign(header_bytes), header_bytes]
 
 
+def _ping_with(value_bytes):
+    """A ping's header written by hand, with a field ``x`` that holds ``value_bytes`` (what no packer writes)."""
+    return b"\x83" + b"".join(msgpack.packb(v) for v in ("op", "ping", "id", new_id(), "x")) + value_bytes
+
+
 BAD_MESSAGES = {
     # name: (reason the worker counts, frames built from the worker's key)
     "garbage-signature": ("bad_signature", lambda key: [b"f" * 64, _ping_header_bytes(key)]),
@@ -129,9 +136,13 @@ BAD_MESSAGES = {
     "one-empty-frame": ("truncated", lambda key: [b""]),
     "two-empty-frames": ("bad_signature", lambda key: [b"", b""]),
     # each built fresh: an identical signed message sent again would be a replay
-    "signed-garbage": ("malformed", lambda key: _signed(key, b"\x80\x05not a pickle " + os.urandom(8))),
-    "signed-non-dict": ("malformed", lambda key: _signed(key, pickle.dumps(["ping", new_id()], protocol=5))),
-    "signed-without-op": ("malformed", lambda key: _signed(key, pickle.dumps({"id": new_id()}, protocol=5))),
+    "signed-garbage": ("malformed", lambda key: _signed(key, b"\xc1not msgpack " + os.urandom(8))),
+    "signed-non-dict": ("malformed", lambda key: _signed(key, msgpack.packb(["ping", new_id()]))),
+    "signed-without-op": ("malformed", lambda key: _signed(key, msgpack.packb({"id": new_id()}))),
+    "signed-pickle": ("malformed", lambda key: _signed(key, pickle.dumps({"op": "ping", "id": new_id()}, protocol=5))),
+    "signed-extension-type": ("malformed", lambda key: _signed(key, _ping_with(msgpack.packb(msgpack.ExtType(42, b"x"))))),
+    # each tuple is read by a call of msgpack of its own, on the C stack: 2000 deep kill an unbounded reader
+    "signed-tuples-nested-2000-deep": ("malformed", lambda key: _signed(key, _ping_with(nested_tuples(2000)))),
 }
 
 

@@ -26,6 +26,7 @@ from sklearn_gpu_bridge.host import exited
 from sklearn_gpu_bridge.statefile import read_state, state_path
 from sklearn_gpu_bridge.cli import main as cli_main
 from sklearn_gpu_bridge.connect import read_connection_file
+from sklearn_gpu_bridge.protocol import PROTOCOL_VERSION
 from sklearn_gpu_bridge.host import pid_alive
 
 
@@ -149,7 +150,7 @@ def test_doctor_checks_each_link_and_measures_each_path(background):
     out = run.stdout
     for expected in ("[-   ] WSL: not used here", "[ok  ] worker Python:", "[ok  ] sklearn-gpu-bridge (worker): 0.1.0",
                      "[ok  ] connection file:", "[ok  ] worker reachable:", "[ok  ] key accepted:",
-                     "[ok  ] protocol: protocol 2", "[warn] backend: sklearn",
+                     f"[ok  ] protocol: protocol {PROTOCOL_VERSION}", "[warn] backend: sklearn",
                      "[ok  ] transport frames (ZeroMQ messages): round trip 1 MB",
                      "[ok  ] transport pool default (shared memory): round trip 1 MB", "[ok  ] transport chosen:",
                      "all checks passed"):

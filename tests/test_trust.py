@@ -37,7 +37,7 @@ from sklearn_gpu_bridge.connect import read_connection_file, read_key_file
 from sklearn_gpu_bridge.errors import ConfigurationError
 from sklearn_gpu_bridge.host import pid_alive
 from sklearn_gpu_bridge.keys import PLAIN_USER, secure
-from sklearn_gpu_bridge.protocol import Session, new_id
+from sklearn_gpu_bridge.protocol import PROTOCOL_VERSION, Session, new_id
 from sklearn_gpu_bridge.shm import default_directory
 
 from .conftest import BACKEND, WorkerProcess, assert_same, record, use_worker, wait_until
@@ -139,7 +139,7 @@ def test_stop_never_removes_another_users_socket(other_user, tmp_path):
     gone.wait()  # the pid of a worker that is no more
     connection_file = tmp_path / "w.json"
     write_connection_file(connection_file, ConnectionInfo(
-        address=f"ipc://{theirs}", key=new_key(), protocol_version=2, pid=gone.pid, backend="sklearn",
+        address=f"ipc://{theirs}", key=new_key(), protocol_version=PROTOCOL_VERSION, pid=gone.pid, backend="sklearn",
         worker_id=new_id()))
     result = service.stop(connection_file=connection_file, timeout=1.0)
     assert result["stopped"] and str(connection_file) in result["removed"]
@@ -402,13 +402,13 @@ def test_another_clients_pool_cannot_be_attached(connection, hostile):
     pool = connection.pool
     assert pool is not None
     victim_data = np.arange(50_000.0)  # travels in a pool block
-    reply, _ = hostile.request("hello", protocol_version=2, pid=os.getpid(), pool=pool.describe())
+    reply, _ = hostile.request("hello", protocol_version=PROTOCOL_VERSION, pid=os.getpid(), pool=pool.describe())
     slot = reply["pool_challenge"]
     assert slot is not None and reply["pool"] is False
     for guess in (bytes(32), b"\xff" * 32, os.urandom(32)):
         attached, _ = hostile.request("attach", nonce=guess)
         assert attached["pool"] is False
-        reply, _ = hostile.request("hello", protocol_version=2, pid=os.getpid(), pool=pool.describe())
+        reply, _ = hostile.request("hello", protocol_version=PROTOCOL_VERSION, pid=os.getpid(), pool=pool.describe())
     desc = {"dtype": "<f8", "shape": [8], "order": "C", "where": "pool",
             "segment": pool.handshake.segment, "offset": 0}
     reply, _ = hostile.request("echo", pool=pool.name, arrays=[desc],

@@ -873,11 +873,8 @@ class Worker:
 
     def _reply_result(self, header, result, estimator, **extra):
         encoder, output = self._encoder(header)
+        # a value that is not plain fails when the reply is packed, and the client gets that error instead
         payload = encoder.encode({"result": None if result is estimator else result, **extra})
-        try:
-            payload = to_plain(payload)
-        except TypeError as exc:
-            raise TypeError(f"a result of type {exc} cannot be sent to the client") from None
         if output is not None:
             output.commit(output.used)
         self._stamp("encoded")
