@@ -42,8 +42,9 @@ def real_headers():
 
     def catching_unpack(self, frames, *args, **kwargs):
         header, buffers = unpack(self, frames, *args, **kwargs)
-        if "payload" in header and header.get("op") == "reply":
-            caught["fit reply" if "handle" in str(header["payload"]) else "call reply"] = copy.deepcopy(header)
+        payload = header.get("payload")
+        if header.get("op") == "reply" and isinstance(payload, dict):  # a fit's result carries its handle
+            caught["fit reply" if "handle" in payload else "call reply"] = copy.deepcopy(header)
         return header, buffers
 
     session.Session.pack, session.Session.unpack = catching_pack, catching_unpack

@@ -136,6 +136,19 @@ def record(name, **values):
             f.write(json.dumps({"figure": name, **values}) + "\n")
 
 
+def nested_tuples(depth):
+    """msgpack of ``depth`` tuples, each holding the next, around an empty list: the tuple extension written by
+    hand (the packer refuses to nest it past MAX_TUPLE_DEPTH)."""
+    inner = b"\x90"  # []
+    for _ in range(depth):
+        inner = b"\x91" + inner  # an array of one: what the extension holds
+        n = len(inner)
+        size = (b"\xc7" + n.to_bytes(1, "big") if n < 1 << 8 else
+                b"\xc8" + n.to_bytes(2, "big") if n < 1 << 16 else b"\xc9" + n.to_bytes(4, "big"))
+        inner = size + b"\x01" + inner
+    return inner
+
+
 def wait_until(condition, seconds, step=0.05):
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:

@@ -521,3 +521,18 @@ def test_plain_input_is_validated_the_short_way_as_validate_data_would(name, Est
         assert mine.dtype == theirs.dtype and np.array_equal(mine, theirs, equal_nan=True)
     assert short_way.n_features_in_ == long_way.n_features_in_
     assert hasattr(short_way, "feature_names_in_") == hasattr(long_way, "feature_names_in_")
+
+
+def test_a_parameter_too_big_for_a_header_reaches_the_estimator(connection):
+    """An int of more than 64 bits cannot go in a msgpack header: the parameters go as cloudpickle instead, and
+    the estimator itself says what is wrong with the value (not the transport). Fails when ``to_plain`` lets
+    such an int through to the packer."""
+    from sklearn.decomposition import PCA
+
+    X = np.random.default_rng(0).standard_normal((50, 4))
+    with pytest.raises(ValueError) as bridged:
+        GPUPCA(n_components=2**70).fit(X)
+    if BACKEND == "sklearn":
+        with pytest.raises(ValueError) as direct:
+            PCA(n_components=2**70).fit(X)
+        assert str(bridged.value) == str(direct.value)

@@ -34,10 +34,10 @@ from sklearn.preprocessing import StandardScaler
 import sklearn_gpu_bridge
 from sklearn_gpu_bridge import GPUKMeans, GPULogisticRegression, GPUPCA, GPUStandardScaler
 from sklearn_gpu_bridge.protocol import Session, loads_header, new_id
+from sklearn_gpu_bridge.protocol.session import MAX_TUPLE_DEPTH
 
-from .conftest import WorkerProcess, assert_same, record, use_worker
+from .conftest import WorkerProcess, assert_same, nested_tuples, record, use_worker
 from .test_load import worker_rss
-from .test_protocol import nested_tuples
 
 FENCE_TIMEOUT_MS = 30_000
 OPS = ["hello", "ping", "status", "release", "goodbye", "fit", "call", "attribute", "get_state", "set_state", "echo",
@@ -49,6 +49,11 @@ JUNK = [
     {"__array__": 0}, {"__array__": 99}, {"__array__": -1}, {"__array__": "0"}, {"__blob__": 0}, {"__blob__": 7},
     {"args": [], "kwargs": {}}, {"args": {"__array__": 0}, "kwargs": []},
 ]
+
+# inserted into signed headers: an extension, a timestamp, lengths past the end, tuples past the limit and 2000
+# deep (which would crash a reader without the limit), a byte msgpack never uses
+HOSTILE_MSGPACK = [b"\xd4\x2a\x00", b"\xd6\xff\x00\x00\x00\x01", b"\xdd\xff\xff\xff\xff", b"\xdf\x01\x00\x00\x00",
+                   b"\xdb\x7f\xff\xff\xff", nested_tuples(MAX_TUPLE_DEPTH + 1), nested_tuples(2000), b"\xc1"]
 
 
 def _bytes(buffer):
@@ -267,9 +272,7 @@ class Mutator:
             data = data[: rng.randrange(len(data))] + other[rng.randrange(len(other)):]
         else:  # what the reader refuses or reads as plain: extensions, a timestamp, long lengths, deep tuples
             at = rng.randrange(2, len(data))
-            data[at:at] = rng.choice([b"\xd4\x2a\x00", b"\xd6\xff\x00\x00\x00\x01", b"\xdd\xff\xff\xff\xff",
-                                      b"\xdf\x01\x00\x00\x00", b"\xdb\x7f\xff\xff\xff", nested_tuples(9),
-                                      nested_tuples(2000), b"\xc1"])
+            data[at:at] = rng.choice(HOSTILE_MSGPACK)
         return self._resigned(bytes(data), buffers)
 
     def _unsigned(self, header, buffers):

@@ -25,6 +25,8 @@ from sklearn_gpu_bridge.protocol import (
 from sklearn_gpu_bridge.protocol.session import MAX_TUPLE_DEPTH, StaleMessage
 from sklearn_gpu_bridge.shm import Pool, PoolAttachment, PoolError
 
+from .conftest import nested_tuples
+
 KEY = os.urandom(32)
 RECV_TIMEOUT_MS = 5000
 
@@ -257,19 +259,6 @@ def _hostile_headers():
         "str-not-utf8": head + b"\xa2\xff\xfe",
         "tuple-that-holds-a-map": head + b"\xc7\x01\x01\x80",  # the tuple extension around {}
     }
-
-
-def nested_tuples(depth):
-    """msgpack of ``depth`` tuples, each holding the next, around an empty list: the tuple extension written by
-    hand (the packer refuses to nest it past MAX_TUPLE_DEPTH)."""
-    inner = b"\x90"  # []
-    for _ in range(depth):
-        inner = b"\x91" + inner  # an array of one: what the extension holds
-        n = len(inner)
-        size = (b"\xc7" + n.to_bytes(1, "big") if n < 1 << 8 else
-                b"\xc8" + n.to_bytes(2, "big") if n < 1 << 16 else b"\xc9" + n.to_bytes(4, "big"))
-        inner = size + b"\x01" + inner
-    return inner
 
 
 @pytest.mark.parametrize("name", list(_hostile_headers()))

@@ -34,8 +34,7 @@ from sklearn_gpu_bridge.keys import make_pair as make_curve_keys
 from sklearn_gpu_bridge.protocol import Session, new_id
 from sklearn_gpu_bridge.worker import check_settings
 
-from .conftest import WorkerProcess, assert_same, use_worker
-from .test_protocol import nested_tuples
+from .conftest import WorkerProcess, assert_same, nested_tuples, use_worker
 
 NO_REPLY_MS = 1000  # how long refused messages are given to (wrongly) get a reply
 LATE_MS = 200  # and, after the ping proof, how long a late reply is still waited for

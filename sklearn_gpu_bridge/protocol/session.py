@@ -8,7 +8,7 @@
   tuples (an extension type, so that a tuple parameter stays a tuple) by
   ``MAX_TUPLE_DEPTH``. Until protocol 2 the header was a pickle that the
   worker scanned opcode by opcode before it unpickled; msgpack needs no scan
-  and reads a request's header in a quarter of the time (docs/protocol.md).
+  and reads a request's header in a quarter to a third of the time (docs/protocol.md).
 - ``signature`` is the hex HMAC-SHA256 of the header bytes under the shared
   key, compared in constant time (as jupyter_client does).
 - ``buffers`` are raw bytes: arrays as zero-copy frames, and opaque blobs
