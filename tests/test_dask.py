@@ -200,8 +200,8 @@ def _arrivals(dask_worker):
 
 @pytest.mark.parametrize("scatter", ["by itself", "scatter=[X, y]"])
 def test_x_and_y_reach_each_worker_once_per_search_not_once_per_fit(dask_client, monkeypatch, scatter):
-    """X (2000x50 float64, 800,000 bytes) enters each Dask worker's memory at most once in a search of
-    9 fits, and is scattered once.
+    """X (2000x50 float64, 800,000 bytes) enters each Dask worker's memory once in a search of 9 fits (twice
+    at most, on a loaded machine), and is scattered once.
 
     joblib's dask backend scatters by itself, once per search, every argument of
     the fits over 1 kB (``client.scatter(..., hash=False)`` to one worker; the
@@ -239,6 +239,8 @@ def test_x_and_y_reach_each_worker_once_per_search_not_once_per_fit(dask_client,
     assert len(fits) >= 2, "the search ran as more than one task"
     assert len(sent_x) == 1, "X was scattered once"
     assert len(x_keys) == 1, "one copy of X on the cluster, under one key"
-    assert all(len(starts) <= 1 for starts in x_arrivals.values()), x_arrivals
+    # once per search, not per fit: at most once per worker as a rule; on a loaded machine Dask's scheduler
+    # may drop a worker's replica and have it fetched again (seen once in CI: ['released', 'flight'])
+    assert all(len(starts) <= 2 for starts in x_arrivals.values()), (x_arrivals, len(fits))
     if scatter != "by itself":
         assert all(starts == ["released"] for starts in x_arrivals.values()), x_arrivals  # broadcast to each
