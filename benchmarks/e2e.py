@@ -353,20 +353,20 @@ def profile_cases(cases, use_cuml, repeats=10, top=14):
     for case in cases:
         X, y = make_data(case)
         wrapper = getattr(sklearn_gpu_bridge, case.bridge)
-        bridged = lambda: case.run(wrapper(**case.params), X, y)  # noqa: E731
-        bridged()  # warm
-        line = f"\n== {case.name} (medians of {repeats}):"
-        for collect in (True, False):
-            total, (before, to_worker, on_worker, back, after), steps = medians(bridged, collect)
-            line += (f"\n   {'after gc.collect()' if collect else 'back to back'}: bridge {total:.2f} ms; its last "
-                     f"request: client before sending {before:.2f} ms, to the worker {to_worker:.2f} ms, on the "
-                     f"worker {on_worker:.2f} ms, back {back:.2f} ms, client after {after:.2f} ms")
-            if steps:
-                line += "\n     on the worker, step by step: " + ", ".join(f"{s} {ms:.3f}" for s, ms in steps.items())
+        ways = {case.name: (lambda: case.run(wrapper(**case.params), X, y),
+                            lambda: case.run(cuml_class(case.cuml)(**case.params), X, y))}
+        if case.run is _fit_predict:  # a pair: each of its two requests on its own too
+            fitted, fitted_in_process = wrapper(**case.params).fit(X, y), None
             if use_cuml:
-                in_process = lambda: case.run(cuml_class(case.cuml)(**case.params), X, y)  # noqa: E731
-                in_process()
-                line += f"; cuML in process {medians(in_process, collect)[0]:.2f} ms"
+                fitted_in_process = cuml_class(case.cuml)(**case.params).fit(X, y)
+            ways[f"{case.name}: the fit alone"] = (lambda: wrapper(**case.params).fit(X, y),
+                                                    lambda: cuml_class(case.cuml)(**case.params).fit(X, y))
+            ways[f"{case.name}: the predict alone"] = (lambda: fitted.predict(X),
+                                                       lambda: fitted_in_process.predict(X))
+        line = ""
+        for name, (bridged, in_process) in ways.items():
+            line += _profile_lines(name, bridged, in_process if use_cuml else None, medians, repeats)
+        bridged = ways[case.name][0]
         profiler = cProfile.Profile()
         profiler.enable()
         bridged()
@@ -374,6 +374,25 @@ def profile_cases(cases, use_cuml, repeats=10, top=14):
         out = io.StringIO()
         pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(top)
         print(line, "\n".join(out.getvalue().splitlines()[4:]), sep="\n", flush=True)
+
+
+def _profile_lines(name, bridged, in_process, medians, repeats):
+    """The profile of one way of a case: the whole call and its last request's legs, after gc.collect() and
+    back to back, beside cuML in process (``in_process``, or None)."""
+    bridged()  # warm
+    if in_process is not None:
+        in_process()
+    line = f"\n== {name} (medians of {repeats}):"
+    for collect in (True, False):
+        total, (before, to_worker, on_worker, back, after), steps = medians(bridged, collect)
+        line += (f"\n   {'after gc.collect()' if collect else 'back to back'}: bridge {total:.2f} ms; its last "
+                 f"request: client before sending {before:.2f} ms, to the worker {to_worker:.2f} ms, on the "
+                 f"worker {on_worker:.2f} ms, back {back:.2f} ms, client after {after:.2f} ms")
+        if steps:
+            line += "\n     on the worker, step by step: " + ", ".join(f"{s} {ms:.3f}" for s, ms in steps.items())
+        if in_process is not None:
+            line += f"; cuML in process {medians(in_process, collect)[0]:.2f} ms"
+    return line
 
 
 def run_grid_search(repeats, use_cuml, n=20_000, only=None):

@@ -349,6 +349,27 @@ for stage in "$@"; do
       step 90 "$OUT/msgpack-legs-after.txt" python3 benchmarks/e2e.py --parts profile --only "$small" --out /tmp/legs.json
       step 90 "$OUT/msgpack-legs-before.txt" env PYTHONPATH="$BEFORE_SITE:$PYTHONPATH" python3 benchmarks/e2e.py \
         --parts profile --only "$small" --out /tmp/legs.json ;;
+    legs)  # issue 15, tenth session: the legs of the small cases, each pair's fit and predict on their own too,
+      # then the worker's cProfile of the LogisticRegression pair
+      small="StandardScaler fit_transform 5000x20|LogisticRegression fit+predict 5000x20|SVC(rbf) fit+predict 500x20"
+      step 150 "$OUT/legs${LEGS_TAG:-}.txt" python3 benchmarks/e2e.py --parts profile --only "$small" --out /tmp/legs.json
+      step 90 "$OUT/legs-worker-profile${LEGS_TAG:-}.txt" env SKLEARN_GPU_BRIDGE_WORKER_PROFILE=/tmp/worker.prof \
+        python3 benchmarks/e2e.py --parts profile --only "LogisticRegression fit+predict 5000x20" --out /tmp/legs.json
+      step 30 "$OUT/legs-worker-profile${LEGS_TAG:-}.txt" python3 -c \
+        "import pstats; pstats.Stats('/tmp/worker.prof').sort_stats('tottime').print_stats(40)" ;;
+    client-legs)  # issue 15, tenth session: the legs of the small cases (pairs split) after, then before (BEFORE_SITE)
+      small="StandardScaler fit_transform 5000x20|LogisticRegression fit+predict 5000x20|SVC(rbf) fit+predict 500x20"
+      step 150 "$OUT/client-legs-after.txt" python3 benchmarks/e2e.py --parts profile --only "$small" --out /tmp/legs.json
+      step 150 "$OUT/client-legs-before.txt" env PYTHONPATH="$BEFORE_SITE:$PYTHONPATH" python3 benchmarks/e2e.py \
+        --parts profile --only "$small" --out /tmp/legs.json ;;
+    client)  # the same change: the six small cases before (BEFORE_SITE: 11a7837) and after, alternated, ROUNDS
+      ROUNDS=${ROUNDS:-1} alternate client 150 \
+        "StandardScaler fit_transform 5000x20|LogisticRegression fit+predict 5000x20|SVC(rbf) fit+predict 500x20" ;;
+    client-tests)  # the same change with the cuML worker: the protocol's, the pool's, the reply slots', the estimators'
+      step 300 "$OUT/pytest-cuml-client.txt" "${PYTEST[@]}" -q -m "not slow" tests/test_protocol.py tests/test_pool.py \
+        tests/test_reply_slot.py tests/test_estimators.py ;;
+    run-where)  # why cuML's call takes longer in the worker's "ran" step than in process (benchmarks/run_where.py)
+      step 400 "$OUT/run-where.txt" python3 benchmarks/run_where.py --repeats "${REPEATS:-40}" --out "$OUT/run-where.json" ;;
     msgpack-tests)  # the same change: the protocol's, security's and the fuzzer's tests with the cuML worker
       step 300 "$OUT/pytest-cuml-msgpack.txt" "${PYTEST[@]}" -q -m "not slow" tests/test_protocol.py \
         tests/test_security.py tests/test_fuzz.py tests/test_reply_slot.py ;;

@@ -44,6 +44,7 @@ from .keys import secure
 from .local_worker import ensure_local_worker, is_local_connection_file
 from .protocol import (
     INLINE_MAX,
+    POOL_INLINE_MAX,
     PROTOCOL_VERSION,
     AsDtype,
     Capabilities,
@@ -161,13 +162,15 @@ class _Link:
         self.socket.send_multipart(frames, copy=False)
         return None
 
-    def drop_copies(self):
-        """Drop, unread, the ZeroMQ copies of replies taken from the pool that have come (between two
-        requests of this thread nothing else can be waiting: a late reply of a request given up on is dropped
-        with them, as :meth:`Connection._await` would)."""
-        while self.copies and self.socket.poll(0):
+    def drop_copies(self, most=None):
+        """Drop, unread, the ZeroMQ copies of replies taken from the pool that have come, ``most`` at most
+        (between two requests of this thread nothing else can be waiting: a late reply of a request given up
+        on is dropped with them, as :meth:`Connection._await` would)."""
+        dropped = 0
+        while self.copies and (most is None or dropped < most) and self.socket.poll(0):
             self.socket.recv_multipart(copy=False)
             self.copies -= 1
+            dropped += 1
 
     def disconnected(self):
         """Whether, since the last look, the connection dropped or a reconnect found nobody listening.
@@ -427,13 +430,14 @@ class Connection:
             header["release"] = releases
         link = self._link()
         link.disconnected()  # forget drops that happened before this request (a reconnected link keeps its name)
-        link.drop_copies()
+        if slot is None:
+            link.drop_copies()  # else while the reply is awaited (_watch): they came before its own copy
         if slot is not None:  # a worker on this host: it may watch for this thread's next request
             header["next_slot"] = self._request_slot(link)
         frames = self.session.pack(header, buffers, digests)
         sent = time.monotonic()  # before the send: a send can return after the worker has the message
         held = link.send(frames, self._doorbell, hold=slot is not None)
-        reply = self._watch(*slot, header["reply_slot"]["token"], header["id"], held) if slot is not None else None
+        reply = self._watch(*slot, header["reply_slot"]["token"], header["id"], held, link) if slot is not None else None
         if reply is not None:
             link.copies += 1  # its ZeroMQ copy is on its way: dropped unread before the next request
             reply, reply_buffers = reply
@@ -460,7 +464,7 @@ class Connection:
         return {"segment": block.segment, "offset": block.offset, "nbytes": block.nbytes,
                 "token": reply_slot.new_token()}
 
-    def _watch(self, block, seconds, token, msg_id, held=None):
+    def _watch(self, block, seconds, token, msg_id, held=None, link=None):
         """The reply from the request's reply slot, spinning on its first word for at most ``seconds``;
         None to wait on the socket instead (time up, it did not fit, it does not verify).
 
@@ -468,7 +472,10 @@ class Connection:
         read within microseconds of its writing; ``os.sched_yield`` between looks gives the core to any
         thread that has work (the worker's, on a busy host). ``held``: the request's ZeroMQ copy, held back
         (:meth:`_Link.send`); sent meanwhile unless the worker marks the request taken, and before this
-        returns without a reply (a request that comes back with its reply in the slot was taken).
+        returns without a reply (a request that comes back with its reply in the slot was taken). ``link``:
+        whose ZeroMQ copies of earlier replies are dropped meanwhile (:meth:`_Link.drop_copies`), in the time
+        that waiting has to spare; a ZeroMQ socket keeps the order of messages, so they come before this
+        reply's own copy, which is never dropped here.
         """
         memory = block.buffer()
         state = reply_slot.state_word(memory)
@@ -483,6 +490,8 @@ class Connection:
                 return None
             if held is not None and held.settled(now):
                 held = None
+            elif link is not None and link.copies:
+                link.drop_copies(1)
             os.sched_yield()
         frames = reply_slot.read(memory)
         try:
@@ -608,13 +617,14 @@ class Connection:
                 header["reply_slot"] = {"segment": block.segment, "offset": block.offset, "nbytes": block.nbytes,
                                         "token": reply_slot.new_token()}
                 slot = (block, spin)
-            encoder = Encoder(place, cache=self.cache, reuse=reuse, max_frame=self.capabilities.max_frame_bytes)
+            encoder = Encoder(place, inline_max=INLINE_MAX if place is None else POOL_INLINE_MAX, cache=self.cache,
+                              reuse=reuse, max_frame=self.capabilities.max_frame_bytes)
             if payload is not None:
                 header["payload"] = encoder.encode(payload)
             for name, blob in (blobs or {}).items():
                 header[name] = encoder.blob(blob)
             header["arrays"] = encoder.arrays
-            if self.pool is not None and out_nbytes > INLINE_MAX:
+            if self.pool is not None and out_nbytes > POOL_INLINE_MAX:
                 out = self.pool.allocate(out_nbytes)
                 header["out"] = {"segment": out.segment, "offset": out.offset, "nbytes": out.nbytes}
             self._count("sent_", encoder.counts)

@@ -45,6 +45,9 @@ BLOCK = 1 << 20  # bytes: a checked copy sums each block while it is still in ca
 
 
 def _copy_chunk(target, source):
+    if target.dtype == source.dtype:  # nothing to overflow
+        np.copyto(target, source)
+        return
     with np.errstate(over="raise"):  # numpy's error state is per thread: set it in each
         np.copyto(target, source, casting="same_kind")
 

@@ -515,7 +515,12 @@ def test_threads_share_the_pool_without_mixing_arrays(connection):
     assert pooled > 20  # the pool really was used, from every thread at once
     assert connection.stats["sent_pool"] > before
     gc.collect()
-    assert connection.pool.slots_in_use == baseline  # the executor's threads are gone, and their request slots
+    # the executor's threads are gone, and their arrays' blocks; where replies are watched for (reply_wait spin,
+    # auto beside a cuML worker), each gone thread's request slot is kept as a spare for other threads' requests
+    # (the worker may still write into it: test_threads_that_end_leave_no_sockets_or_slots_behind)
+    spares = len(connection._spare_request_slots)
+    assert spares <= 4
+    assert connection.pool.slots_in_use == baseline + spares
 
 
 @pytest.mark.parametrize("reply_wait", ["spin", "sleep"])

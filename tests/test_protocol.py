@@ -20,7 +20,7 @@ import zmq
 import sklearn_gpu_bridge
 from sklearn_gpu_bridge.errors import ProtocolError
 from sklearn_gpu_bridge.protocol import (
-    DTYPES, INLINE_MAX, Decoder, Encoder, Session, dumps_header, loads_header, new_id,
+    DTYPES, INLINE_MAX, POOL_INLINE_MAX, Decoder, Encoder, Session, dumps_header, loads_header, new_id,
 )
 from sklearn_gpu_bridge.protocol.session import MAX_TUPLE_DEPTH, StaleMessage
 from sklearn_gpu_bridge.shm import Pool, PoolAttachment, PoolError
@@ -676,6 +676,20 @@ def test_large_arrays_go_through_the_pool(connection):
         "sent_pool": 1, "sent_inline": 1, "received_pool": 1, "received_inline": 1,
     }
     assert out[0].flags.writeable
+
+
+def test_with_the_pool_arrays_past_a_few_kilobytes_go_through_it_both_ways(connection):
+    """Bytes inside a header are signed and copied by the writer, the reply slot and the reader: with a pool, an
+    array of more than POOL_INLINE_MAX bytes (a fit's 5000 labels, their predictions) goes through the pool,
+    there and back; without one, up to INLINE_MAX stay inline (the next test)."""
+    assert connection.pool is not None and POOL_INLINE_MAX < 20_000 <= INLINE_MAX
+    labels = np.arange(5000, dtype="int32") % 3  # 20 KB
+    before = dict(connection.stats)
+    out = _check_echo(connection, [labels, np.arange(POOL_INLINE_MAX // 8, dtype="float64")])
+    assert _delta(before, connection.stats) == {
+        "sent_pool": 1, "sent_inline": 1, "received_pool": 1, "received_inline": 1,
+    }
+    assert out[0].dtype == labels.dtype
 
 
 def test_without_the_pool_large_arrays_go_as_frames(worker):

@@ -230,7 +230,8 @@ class RemoteEstimator(BaseEstimator):
         ``X=None`` (kneighbors of the training set) and no X at all (``sample``)
         send no array.
         """
-        check_is_fitted(self)
+        if not self.__sklearn_is_fitted__():
+            check_is_fitted(self)  # its error, in its words
         if X is _NO_X or X is None:
             args = []
             if X is None:
@@ -460,6 +461,10 @@ def _classes_and_codes(y):
     """
     if y.size and (y.dtype.kind in "ib" or (y.dtype.kind == "u" and y.dtype.itemsize < 8)):
         low, high = int(y.min()), int(y.max())
+        if low == 0 and high <= max(1024, y.size) and y.dtype.kind != "b":
+            present = np.bincount(y, minlength=high + 1) > 0  # no shifted copy of y to count
+            if present.all():  # labels 0..k-1 already: they are their own codes
+                return np.arange(high + 1, dtype=y.dtype), _codes(y)
         if high - low <= max(1024, y.size):
             offsets = y.astype(np.intp) - low
             present = np.bincount(offsets, minlength=high - low + 1) > 0

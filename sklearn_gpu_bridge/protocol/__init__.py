@@ -11,6 +11,7 @@
 from .arrays import (
     DTYPES,
     INLINE_MAX,
+    POOL_INLINE_MAX,
     AsDtype,
     BoundedLRU,
     Decoder,
@@ -22,7 +23,7 @@ from .ops import OPS, PROTOCOL_VERSION, QUICK_OPS, WORK_OPS, Capabilities, Op
 from .session import Session, dumps_header, loads_header, new_id, to_plain
 
 __all__ = [
-    "DTYPES", "INLINE_MAX", "OPS", "PROTOCOL_VERSION", "QUICK_OPS", "WORK_OPS", "AsDtype", "BoundedLRU",
-    "Capabilities", "Decoder", "Encoder", "KnownArrays", "Op", "Session", "dumps_header", "fingerprint",
+    "DTYPES", "INLINE_MAX", "OPS", "POOL_INLINE_MAX", "PROTOCOL_VERSION", "QUICK_OPS", "WORK_OPS", "AsDtype",
+    "BoundedLRU", "Capabilities", "Decoder", "Encoder", "KnownArrays", "Op", "Session", "dumps_header", "fingerprint",
     "loads_header", "new_id", "to_plain",
 ]

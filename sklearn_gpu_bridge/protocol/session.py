@@ -177,6 +177,7 @@ class Session:
         if not key:
             raise ValueError("an empty key would turn message signing off; refusing it")
         self._key = key if isinstance(key, bytes) else key.encode()
+        self._keyed = hmac.new(self._key, digestmod=hashlib.sha256)  # copied per message: the key is hashed once
         self.peer, self.me = peer, me
         self.max_skew = max_skew
         self._capacity = remember
@@ -189,7 +190,9 @@ class Session:
         self._second_way = {}  # signatures of messages taken from a request slot, whose ZeroMQ copy may come
 
     def sign(self, header_bytes):
-        return hmac.new(self._key, header_bytes, hashlib.sha256).hexdigest().encode()
+        mac = self._keyed.copy()
+        mac.update(header_bytes)
+        return mac.hexdigest().encode()
 
     def pack(self, header, buffers=(), digests=None):
         """Stamp ``header`` (plain values: time, recipient, buffer digests) and sign it; buffers follow raw.
