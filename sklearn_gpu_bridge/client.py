@@ -608,6 +608,7 @@ class Connection:
                 return block.segment, block.offset, block.buffer()
 
         out = slot = None
+        waiting = False  # sent, or being sent: the worker may write into the reply slot and ``out``
         try:
             spin = self.spin_seconds()
             if spin:
@@ -628,10 +629,15 @@ class Connection:
                 out = self.pool.allocate(out_nbytes)
                 header["out"] = {"segment": out.segment, "offset": out.offset, "nbytes": out.nbytes}
             self._count("sent_", encoder.counts)
+            waiting = True
             reply, buffers = self._roundtrip(header, encoder.buffers, digests=encoder.digests, slot=slot)
         except WorkerLost:
             raise  # the lost worker may still write: its blocks are never reused
         except BaseException as exc:
+            if waiting and not isinstance(exc, Exception):
+                # interrupted (Ctrl-C) while the worker may still run the request and write its reply into
+                # these blocks: as a lost worker's, they are never reused (an error reply means it is done)
+                raise
             for block in blocks + ([out] if out is not None else []):
                 block.release()
             if isinstance(exc, CacheMiss) and encoder.reused:

@@ -86,6 +86,33 @@ def test_worker_sigkilled_mid_call_raises_worker_lost_within_3_s(fresh_worker, a
 
 
 @CPU_ONLY
+def test_a_call_interrupted_while_it_waits_gives_no_block_the_worker_may_still_write(fresh_worker):
+    """Ctrl-C during a call: the worker still runs the request, and writes its reply into the block the request
+    named as its reply slot. Handed back to the pool at the interrupt, that block would hold the next arrays
+    this process sends, and the late reply would overwrite them."""
+    connection = sklearn_gpu_bridge.get_connection()
+    X, y = long_fit_data()
+    fits, handles = connection.status()["requests"].get("fit", 0), connection.status()["handles"]
+    main = threading.get_ident()
+
+    def interrupt():
+        _wait_fitting(connection, fits)
+        signal.pthread_kill(main, signal.SIGINT)
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    with sklearn_gpu_bridge.config_context(reply_wait="spin"), pytest.raises(KeyboardInterrupt):
+        GPUSVC(C=100).fit(X, y)  # waits for its reply in its reply slot, then on the socket
+    blocks = [connection.pool.allocate(1) for _ in range(8)]  # what the next calls would be given
+    for block in blocks:
+        np.frombuffer(block.buffer(), np.uint8)[:] = 0xAB
+    assert wait_until(lambda: connection.status()["handles"] > handles, 60)  # the worker finished the fit
+    time.sleep(0.5)  # and wrote its reply
+    for block in blocks:
+        assert (np.frombuffer(block.buffer(), np.uint8) == 0xAB).all(), "the late reply overwrote a new block"
+        block.release()
+
+
+@CPU_ONLY
 def test_frozen_worker_raises_worker_lost_after_the_heartbeat_timeout(fresh_worker):
     """SIGSTOP: the connection stays up but nothing answers; the pings tell."""
     heartbeat = 1.5
