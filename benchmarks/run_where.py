@@ -20,7 +20,6 @@ The ways run in turn, ``gc.collect()`` before each (as e2e's table times), then 
 
 import argparse
 import concurrent.futures
-import gc
 import itertools
 import json
 import time
@@ -28,20 +27,7 @@ import time
 import numpy as np
 
 from e2e import labelled
-
-
-def alternate(ways, repeats, collect):
-    """Median ms of each way, run in turn (each way's time where it runs: no hand-over between threads)."""
-    names = list(ways)
-    for name in names:
-        ways[name]()
-    times = {name: [] for name in names}
-    for round_ in range(repeats):
-        for name in names[round_ % len(names):] + names[: round_ % len(names)]:
-            if collect:
-                gc.collect()
-            times[name].append(ways[name]())
-    return {name: float(np.median(t)) * 1e3 for name, t in times.items()}
+from thread_penalty import alternate  # each way's time where it runs, the ways in turn
 
 
 def main():
