@@ -103,40 +103,26 @@ def main():
     from cuml.preprocessing import StandardScaler
     from cuml.svm import SVC
 
-    def wire(wrapper):
-        return {**wrapper.get_params(), **wrapper._wire_params}
-
-    fitted = {}
-
-    def backend_fit(name, wrapper, X, y, method="fit"):
-        args = [X] if y is None else [X, y]
-        estimator, result, _ = backend.fit(name, wire(wrapper), method, args, {}, finite=True)
-        fitted[name] = estimator
-        return result
+    def backend_fit(wrapper, X, y, method="fit"):
+        """(estimator, result) of the worker's backend fitting ``wrapper``'s class as ``Worker._op_fit`` does."""
+        params = {**wrapper.get_params(), **wrapper._wire_params}
+        estimator, result, _ = backend.fit(wrapper._remote_name, params, method, [X] if y is None else [X, y], {},
+                                           finite=True)
+        return estimator, result
 
     rmm.mr.set_current_device_resource(pool)
-    lr_cuml = LogisticRegression().fit(*small)
-    svc_cuml = SVC().fit(*tiny)
-    backend_fit("LogisticRegression", GPULogisticRegression(), *small)
-    backend_fit("SVC", GPUSVC(), *tiny)
-    lr_backend, svc_backend = fitted["LogisticRegression"], fitted["SVC"]
-    cases = {
-        "StandardScaler fit_transform 5000x20": (
-            lambda X, y: StandardScaler().fit_transform(X),
-            lambda X, y: backend_fit("StandardScaler", GPUStandardScaler(), X, None, "fit_transform"), small),
-        "LogisticRegression fit 5000x20": (
-            lambda X, y: LogisticRegression().fit(X, y),
-            lambda X, y: backend_fit("LogisticRegression", GPULogisticRegression(), X, y), small),
-        "LogisticRegression predict 5000x20": (
-            lambda X, y: lr_cuml.predict(X),
-            lambda X, y: backend.call("LogisticRegression", lr_backend, "predict", [X], {}, finite=True), small),
-        "SVC(rbf) fit 500x20": (
-            lambda X, y: SVC().fit(X, y),
-            lambda X, y: backend_fit("SVC", GPUSVC(), X, y), tiny),
-        "SVC(rbf) predict 500x20": (
-            lambda X, y: svc_cuml.predict(X),
-            lambda X, y: backend.call("SVC", svc_backend, "predict", [X], {}, finite=True), tiny),
-    }
+    cases = {"StandardScaler fit_transform 5000x20": (
+        lambda X, y: StandardScaler().fit_transform(X),
+        lambda X, y: backend_fit(GPUStandardScaler(), X, None, "fit_transform"), small)}
+    for name, cuml_class, wrapper, data in (("LogisticRegression", LogisticRegression, GPULogisticRegression, small),
+                                            ("SVC(rbf)", SVC, GPUSVC, tiny)):
+        size = "x".join(map(str, data[0].shape))
+        model, remote = cuml_class().fit(*data), backend_fit(wrapper(), *data)[0]  # the predicts' models
+        cases[f"{name} fit {size}"] = (lambda X, y, c=cuml_class: c().fit(X, y),
+                                       lambda X, y, w=wrapper: backend_fit(w(), X, y), data)
+        cases[f"{name} predict {size}"] = (
+            lambda X, y, m=model: m.predict(X),
+            lambda X, y, m=remote, w=wrapper: backend.call(w._remote_name, m, "predict", [X], {}, finite=True), data)
     report = {"repeats": args.repeats, "median_ms": {}}
     for case, (cuml_call, backend_call, data) in cases.items():
         for collect in (True, False):

@@ -43,7 +43,6 @@ from .errors import CacheMiss, ConfigurationError, ProtocolError, VersionMismatc
 from .keys import secure
 from .local_worker import ensure_local_worker, is_local_connection_file
 from .protocol import (
-    INLINE_MAX,
     POOL_INLINE_MAX,
     PROTOCOL_VERSION,
     AsDtype,
@@ -162,15 +161,13 @@ class _Link:
         self.socket.send_multipart(frames, copy=False)
         return None
 
-    def drop_copies(self, most=None):
-        """Drop, unread, the ZeroMQ copies of replies taken from the pool that have come, ``most`` at most
-        (between two requests of this thread nothing else can be waiting: a late reply of a request given up
-        on is dropped with them, as :meth:`Connection._await` would)."""
-        dropped = 0
-        while self.copies and (most is None or dropped < most) and self.socket.poll(0):
+    def drop_copies(self):
+        """Drop, unread, the ZeroMQ copies of replies taken from the pool that have come (between two
+        requests of this thread nothing else can be waiting: a late reply of a request given up on is dropped
+        with them, as :meth:`Connection._await` would)."""
+        while self.copies and self.socket.poll(0):
             self.socket.recv_multipart(copy=False)
             self.copies -= 1
-            dropped += 1
 
     def disconnected(self):
         """Whether, since the last look, the connection dropped or a reconnect found nobody listening.
@@ -431,8 +428,8 @@ class Connection:
         link = self._link()
         link.disconnected()  # forget drops that happened before this request (a reconnected link keeps its name)
         if slot is None:
-            link.drop_copies()  # else while the reply is awaited (_watch): they came before its own copy
-        if slot is not None:  # a worker on this host: it may watch for this thread's next request
+            link.drop_copies()
+        else:  # a worker on this host: it may watch for this thread's next request; copies go in _watch
             header["next_slot"] = self._request_slot(link)
         frames = self.session.pack(header, buffers, digests)
         sent = time.monotonic()  # before the send: a send can return after the worker has the message
@@ -491,7 +488,7 @@ class Connection:
             if held is not None and held.settled(now):
                 held = None
             elif link is not None and link.copies:
-                link.drop_copies(1)
+                link.drop_copies()
             os.sched_yield()
         frames = reply_slot.read(memory)
         try:
@@ -618,8 +615,7 @@ class Connection:
                 header["reply_slot"] = {"segment": block.segment, "offset": block.offset, "nbytes": block.nbytes,
                                         "token": reply_slot.new_token()}
                 slot = (block, spin)
-            encoder = Encoder(place, inline_max=INLINE_MAX if place is None else POOL_INLINE_MAX, cache=self.cache,
-                              reuse=reuse, max_frame=self.capabilities.max_frame_bytes)
+            encoder = Encoder(place, cache=self.cache, reuse=reuse, max_frame=self.capabilities.max_frame_bytes)
             if payload is not None:
                 header["payload"] = encoder.encode(payload)
             for name, blob in (blobs or {}).items():
@@ -631,12 +627,10 @@ class Connection:
             self._count("sent_", encoder.counts)
             waiting = True
             reply, buffers = self._roundtrip(header, encoder.buffers, digests=encoder.digests, slot=slot)
-        except WorkerLost:
-            raise  # the lost worker may still write: its blocks are never reused
         except BaseException as exc:
-            if waiting and not isinstance(exc, Exception):
-                # interrupted (Ctrl-C) while the worker may still run the request and write its reply into
-                # these blocks: as a lost worker's, they are never reused (an error reply means it is done)
+            if waiting and (isinstance(exc, WorkerLost) or not isinstance(exc, Exception)):
+                # no reply came (the worker is lost, or a Ctrl-C interrupted the wait): the worker may still
+                # run the request and write into these blocks, so they are never reused; an error is a reply
                 raise
             for block in blocks + ([out] if out is not None else []):
                 block.release()

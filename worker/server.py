@@ -61,7 +61,6 @@ from sklearn_gpu_bridge.errors import ConfigurationError, ProtocolError, Version
 from sklearn_gpu_bridge.host import doorbell_path, pid_alive, socket_path
 from sklearn_gpu_bridge.keys import bind_hint, derived_client_pair, load_public, load_secret, plain_password
 from sklearn_gpu_bridge.protocol import (
-    POOL_INLINE_MAX,
     PROTOCOL_VERSION,
     QUICK_OPS,
     WORK_OPS,
@@ -855,7 +854,7 @@ class Worker:
             return segment, start + offset, block[offset : offset + nbytes]
 
         output.used = 0
-        return Encoder(place, inline_max=POOL_INLINE_MAX), output
+        return Encoder(place), output
 
     def _args(self, header, buffers):
         payload = self._decoder(header, buffers).decode(header.get("payload") or {})

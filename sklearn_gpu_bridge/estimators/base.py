@@ -461,12 +461,9 @@ def _classes_and_codes(y):
     """
     if y.size and (y.dtype.kind in "ib" or (y.dtype.kind == "u" and y.dtype.itemsize < 8)):
         low, high = int(y.min()), int(y.max())
-        if low == 0 and high <= max(1024, y.size) and y.dtype.kind != "b":
-            present = np.bincount(y, minlength=high + 1) > 0  # no shifted copy of y to count
-            if present.all():  # labels 0..k-1 already: they are their own codes
-                return np.arange(high + 1, dtype=y.dtype), _codes(y)
         if high - low <= max(1024, y.size):
-            offsets = y.astype(np.intp) - low
+            # labels from 0 count as they are (booleans would index as a mask below)
+            offsets = y if low == 0 and y.dtype.kind != "b" else y.astype(np.intp) - low
             present = np.bincount(offsets, minlength=high - low + 1) > 0
             classes = (np.flatnonzero(present) + low).astype(y.dtype)
             if low == 0 and present.all():  # labels 0..k-1 already: they are their own codes

@@ -207,14 +207,18 @@ class Encoder:
     """Turns the values inside a payload into plain values, descriptors and frames for one message.
 
     ``place(nbytes)`` returns ``(segment, offset, writable memoryview)`` for a
-    block of the pool, or None when the array must go as a frame. ``cache``
+    block of the pool, or None when the array must go as a frame. Arrays up to
+    ``inline_max`` bytes go inside the header: by default :data:`POOL_INLINE_MAX`
+    with a ``place``, else :data:`INLINE_MAX`. ``cache``
     (a :class:`KnownArrays`) turns fingerprints on; with ``reuse=False`` every
     array is sent in full (the resend after a :class:`CacheMiss`). ``reused``
     and ``offered`` list the ``(key, nbytes)`` sent as cached and sent to be kept.
     """
 
-    def __init__(self, place=None, inline_max=INLINE_MAX, cache=None, reuse=True, max_frame=None):
+    def __init__(self, place=None, inline_max=None, cache=None, reuse=True, max_frame=None):
         self.place = place
+        if inline_max is None:
+            inline_max = INLINE_MAX if place is None else POOL_INLINE_MAX
         self.inline_max = inline_max
         self.max_frame = max_frame  # the receiver's largest frame: longer arrays go as several
         self.cache = cache

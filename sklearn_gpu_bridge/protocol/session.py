@@ -176,8 +176,8 @@ class Session:
     def __init__(self, key, *, peer=None, me=None, max_skew=MAX_SKEW, remember=REMEMBER):
         if not key:
             raise ValueError("an empty key would turn message signing off; refusing it")
-        self._key = key if isinstance(key, bytes) else key.encode()
-        self._keyed = hmac.new(self._key, digestmod=hashlib.sha256)  # copied per message: the key is hashed once
+        # copied per message: the key is hashed into HMAC's inner and outer states once, not for every message
+        self._keyed = hmac.new(key if isinstance(key, bytes) else key.encode(), digestmod=hashlib.sha256)
         self.peer, self.me = peer, me
         self.max_skew = max_skew
         self._capacity = remember
