@@ -777,6 +777,16 @@ class Connection:
         sent, received, (arrived, replied) = timing
         return arrived - sent, replied - arrived, received - replied
 
+    def heads_up(self):
+        """Ring now for this thread's request slot if no worker thread watches it: a call that is about to
+        validate and encode its request then finds a worker thread awake, not one that the ring sent with
+        the request must wake first (``Worker._answer_bell``; a ring for an empty slot starts a watch)."""
+        link = getattr(self._local, "link", None)
+        if link is None or link.next_token is None or self._doorbell is None:
+            return
+        if reply_slot.watch_word(link.request_slot.buffer())[0] != link.next_token:
+            _ring(self._doorbell, link.ring)
+
     def schedule_release(self, handle):
         """Called from finalizers: no I/O here, the next request carries it."""
         self._releases.append(handle)
@@ -889,6 +899,14 @@ def get_connection():
                 _exit_hook = os.getpid()
                 atexit.register(_close_at_exit)
         return _connection
+
+
+def heads_up():
+    """Tell this process's worker, if it has one already, that a request is on its way
+    (:meth:`Connection.heads_up`); connects to nothing."""
+    conn = _connection
+    if conn is not None and conn.pid == os.getpid() and not conn.closed and isinstance(conn, Connection):
+        conn.heads_up()
 
 
 def _usable(conn):

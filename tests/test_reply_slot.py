@@ -512,6 +512,61 @@ def _ring_with_echo(connection, link, msg_id):
     connection._doorbell.send(link.ring)
 
 
+def _watched_for_next(connection):
+    """Whether a worker thread watches ``connection``'s request slot (this thread's) for its next request."""
+    link = connection._link()
+    return reply_slot.watch_word(link.request_slot.buffer())[0] == link.next_token
+
+
+def test_an_estimator_call_rings_ahead_and_its_request_is_taken_by_a_thread_already_watching(ringing_worker,
+                                                                                               monkeypatch):
+    """A call whose slot is armed (no worker thread watches: the watch after the last reply ended) rings as it
+    starts, before it checks X; the ring finds the slot empty and a thread watches it from then on, so the
+    request written there is taken by that thread, and no ring comes with it. Without the heads-up the worker
+    would be woken only by the ring sent with the request."""
+    worker, connect = ringing_worker
+    connection = connect()
+    monkeypatch.setattr(client, "_connection", connection)  # the estimators' connection
+    X = np.random.default_rng(12).standard_normal((40, 3))
+    with sklearn_gpu_bridge.config_context(reply_wait="spin"):
+        scaler = GPUStandardScaler().fit(X)
+        _armed(worker, connection)
+        worker.watch_ms = 60_000.0  # from now on a watch lasts until the request comes (a slow host included)
+        rings = worker.counts["rings"]
+        client.heads_up()  # what the estimator's call does first
+        assert wait_until(lambda: _watched_for_next(connection), 10), "no thread watched after the heads-up"
+        assert connection._link().ring not in worker._armed
+        assert_same(scaler.transform(X), StandardScaler().fit(X).transform(X))  # rings ahead too: watched, no ring
+    assert worker.counts["heads_up"] == 1 and worker.counts["rung"] == 0
+    assert worker.counts["rings"] == rings + 1  # the heads-up alone
+    assert worker.counts["from_slot"] == 1 and worker.counts["call"] == 1
+
+
+def test_a_watch_started_by_a_heads_up_gives_way_to_other_clients(ringing_worker):
+    """A heads-up has the reader itself watch the slot (a thread woken for it would cost what the heads-up
+    saves), so the watch must not hold up anyone else: a client (hostile or not) that rings ahead and never
+    sends keeps the reader for a minute without it. Another client's request is answered at once, and the
+    slot is armed again for its owner's ring."""
+    worker, connect = ringing_worker
+    owner, other = connect(), connect()
+    X = np.random.default_rng(13).standard_normal((30, 3))
+    with sklearn_gpu_bridge.config_context(reply_wait="spin"):
+        _scaled(owner, X)
+        link = _armed(worker, owner)
+        worker.watch_ms = 60_000.0
+        owner.heads_up()
+        assert wait_until(lambda: _watched_for_next(owner), 10)
+    with sklearn_gpu_bridge.config_context(reply_wait="sleep"):  # through ZeroMQ: the reader must read it
+        scaled = _answered_on_a_thread_of_its_own(lambda: _scaled(other, X + 1), timeout=20)
+    assert_same(scaled, StandardScaler().fit_transform(X + 1))
+    assert wait_until(lambda: link.ring in worker._armed, 10)  # the watch ended, and the slot is armed again
+    assert not _watched_for_next(owner)
+    worker.watch_ms = 0.0
+    with sklearn_gpu_bridge.config_context(reply_wait="spin"):
+        assert_same(_scaled(owner, X + 2), StandardScaler().fit_transform(X + 2))  # rung, and taken
+    assert worker.counts["heads_up"] == 1 and worker.counts["rung"] == 1
+
+
 def test_a_slot_armed_too_long_ago_is_not_read_when_rung(ringing_worker, monkeypatch):
     """An armed slot whose thread has been idle longer than ARMED_SECONDS is dropped, not read when a ring
     names it (the client's ZeroMQ copy is what counts then)."""

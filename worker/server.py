@@ -41,6 +41,7 @@ import logging
 import math
 import os
 import pstats
+import select
 import signal
 import socket
 import tempfile
@@ -296,6 +297,8 @@ class Worker:
         self._poller.register(self.wakeup, zmq.POLLIN)
         if self.doorbell is not None:
             self._poller.register(self.doorbell[1].fileno(), zmq.POLLIN)
+            self._bell_waiting = select.poll()  # the doorbell alone: _input_waiting
+            self._bell_waiting.register(self.doorbell[1].fileno(), select.POLLIN)
         self._last_sweep = time.monotonic()
         self.queue.lead_with(self._lead)
         try:
@@ -460,22 +463,26 @@ class Worker:
             return
         if found is None:
             return
-        token, memory = found
+        self._watch_slot(identity, header, *found, give_way=lambda: not self.queue.idle())
+
+    def _watch_slot(self, identity, header, token, memory, give_way):
+        """Watch the request slot that ``header`` names as ``next_slot`` for ``token`` for up to ``watch_ms``,
+        or until ``give_way()``; take the request written there (True if it was queued as work). A watch that
+        ends with none leaves the slot armed: the client rings from then on."""
         state, watch = reply_slot.state_word(memory), reply_slot.watch_word(memory)
         watch[0] = token  # the client need not ring
         deadline = time.monotonic() + self.watch_ms / 1000
         while state[0] not in (token, -token) and not self._stopping.is_set():
-            if time.monotonic() > deadline or not self.queue.idle():
+            if time.monotonic() > deadline or give_way():
                 watch[0] = 0  # the client rings from now on, and the doorbell says when to look: armed
                 self._arm(identity, header)  # after the store (its lock is a barrier); a request written
                 if state[0] != token:  # before the client read the watch word is taken here
-                    return
+                    return False
                 self._disarm(header["client"], header["next_slot"])
                 break
             os.sched_yield()
         watch[0] = 0
-        if state[0] == token:
-            self._take_request(identity, memory, header["client"], token)
+        return state[0] == token and self._take_request(identity, memory, header["client"], token)
 
     def _take_request(self, identity, memory, client, token):
         """The request a request slot of ``client`` holds, read as any message (:meth:`_accept`, as that
@@ -522,7 +529,9 @@ class Worker:
 
         A ring is a datagram that names a slot (``reply_slot.ring_of``), from anyone who may write to the
         socket: it is only looked up among the armed slots, and what such a slot holds is read as any message
-        is (:meth:`_accept`: signature, time, replay, and the request must be the slot's client's).
+        is (:meth:`_accept`: signature, time, replay, and the request must be the slot's client's). A ring for
+        an armed slot that holds nothing yet is a heads-up (``Connection.heads_up``): this thread watches the
+        slot as :meth:`_follow` does, for ``watch_ms`` at most, and gives way to any message or ring.
         """
         queued = False
         for _ in range(RINGS_IN_TURN):
@@ -545,24 +554,32 @@ class Worker:
                 found = self._slot_block(slot, "next_slot")
             except ProtocolError:  # the client was freed meanwhile
                 found = None
-            if found is not None:
-                token, memory = found
-                state = int(reply_slot.state_word(memory)[0])
-                if state not in (token, -token):
-                    continue  # nothing written there yet (a ring from elsewhere)
             with self._armed_lock:
                 if self._armed.get(ring) is not armed:
                     continue  # taken or armed again meanwhile
                 del self._armed[ring]
-            if found is None or state != token:
+            if found is None:
                 continue
-            self.counts["rung"] += 1
+            token, memory = found
+            state = int(reply_slot.state_word(memory)[0])
             try:
-                queued |= self._take_request(identity, memory, slot["client"], token)
+                if state == token:
+                    self.counts["rung"] += 1
+                    queued |= self._take_request(identity, memory, slot["client"], token)
+                elif state != -token:  # nothing there yet: a heads-up (Connection.heads_up); watch for it
+                    self.counts["heads_up"] += 1
+                    queued |= self._watch_slot(identity, slot, token, memory, give_way=self._input_waiting)
             except Exception:  # noqa: BLE001 - as in _lead: a message must never stop the reading
                 self.counts["failed"] += 1
                 log.exception("a request read from a request slot could not be handled; dropped it")
         return queued
+
+    def _input_waiting(self):
+        """Whether a message or a ring waits for the reader: a watch on the reader's thread gives way to it."""
+        with self._router_lock:
+            if self.router.closed or self.router.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                return True
+        return bool(self._bell_waiting.poll(0))
 
     def _cancel(self, client):
         """Drop the work a freed client still has waiting: it never runs, and its replies would reach no one."""

@@ -40,7 +40,7 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import FLOAT_DTYPES, _check_sample_weight, check_array, check_is_fitted, validate_data
 
 from .. import __version__
-from ..client import get_connection
+from ..client import get_connection, heads_up
 from ..config import get_setting
 from ..errors import WorkerUnavailable
 from ..parallel import PARALLEL_MIN
@@ -155,6 +155,7 @@ class RemoteEstimator(BaseEstimator):
 
     def _fit_remote(self, method, X, y=None, sample_weight=None, **fit_kwargs):
         """Validate as scikit-learn does, fit on the worker, keep the handle."""
+        heads_up()  # the worker wakes while X is checked here
         X, y = self._validate_fit(X, y)
         if self._records_n_samples:
             self.n_samples_fit_ = X.shape[0]
@@ -192,6 +193,7 @@ class RemoteEstimator(BaseEstimator):
         """partial_fit: the first call creates the remote model, later ones update it."""
         if not self.__sklearn_is_fitted__():
             return self._fit_remote("partial_fit", X, y, **kwargs)
+        heads_up()
         X, y = self._validate_fit(X, y, reset=False)
         args = [X] + ([] if y is None else [y])
         self._run("partial_fit", args, kwargs, fallback=False)
@@ -232,6 +234,7 @@ class RemoteEstimator(BaseEstimator):
         """
         if not self.__sklearn_is_fitted__():
             check_is_fitted(self)  # its error, in its words
+        heads_up()  # the worker wakes while X is checked here
         if X is _NO_X or X is None:
             args = []
             if X is None:
