@@ -368,6 +368,14 @@ for stage in "$@"; do
     client-tests)  # the same change with the cuML worker: the protocol's, the pool's, the reply slots', the estimators'
       step 300 "$OUT/pytest-cuml-client.txt" "${PYTEST[@]}" -q -m "not slow" tests/test_protocol.py tests/test_pool.py \
         tests/test_reply_slot.py tests/test_estimators.py ;;
+    heads-up-legs)  # issue 15, eleventh session: the heads-up ring; the small cases' legs after, then before (BEFORE_SITE)
+      small="StandardScaler fit_transform 5000x20|LogisticRegression fit+predict 5000x20|SVC(rbf) fit+predict 500x20"
+      step 150 "$OUT/heads-up-legs-after.txt" python3 benchmarks/e2e.py --parts profile --only "$small" --out /tmp/legs.json
+      step 150 "$OUT/heads-up-legs-before.txt" env PYTHONPATH="$BEFORE_SITE:$PYTHONPATH" python3 benchmarks/e2e.py \
+        --parts profile --only "$small" --out /tmp/legs.json ;;
+    heads-up)  # the same change: the six small cases before (BEFORE_SITE: be17ed8) and after, alternated, ROUNDS
+      ROUNDS=${ROUNDS:-1} alternate heads-up 150 \
+        "StandardScaler fit_transform 5000x20|LogisticRegression fit+predict 5000x20|SVC(rbf) fit+predict 500x20" ;;
     run-where)  # why cuML's call takes longer in the worker's "ran" step than in process (benchmarks/run_where.py)
       step 400 "$OUT/run-where.txt" python3 benchmarks/run_where.py --repeats "${REPEATS:-40}" --out "$OUT/run-where.json" ;;
     msgpack-tests)  # the same change: the protocol's, security's and the fuzzer's tests with the cuML worker
