@@ -542,6 +542,23 @@ def test_an_estimator_call_rings_ahead_and_its_request_is_taken_by_a_thread_alre
     assert worker.counts["from_slot"] == 1 and worker.counts["call"] == 1
 
 
+def test_a_call_whose_x_is_copied_on_all_cores_does_not_ring_ahead(ringing_worker, monkeypatch):
+    """An X of PARALLEL_MIN bytes or more is copied into the pool on all cores, for longer than a watch lasts:
+    a thread watching meanwhile would only take a core from the copy. Such a call rings with its request."""
+    from sklearn_gpu_bridge.parallel import PARALLEL_MIN
+
+    worker, connect = ringing_worker
+    connection = connect()
+    monkeypatch.setattr(client, "_connection", connection)
+    X = np.random.default_rng(14).standard_normal((PARALLEL_MIN // 8 // 16 + 1, 16))
+    with sklearn_gpu_bridge.config_context(reply_wait="spin"):
+        scaler = GPUStandardScaler().fit(X[:50])
+        _armed(worker, connection)
+        scaled = scaler.transform(X)
+    assert_same(scaled, StandardScaler().fit(X[:50]).transform(X))
+    assert worker.counts["heads_up"] == 0 and worker.counts["rung"] == 1
+
+
 def test_a_watch_started_by_a_heads_up_gives_way_to_other_clients(ringing_worker):
     """A heads-up has the reader itself watch the slot (a thread woken for it would cost what the heads-up
     saves), so the watch must not hold up anyone else: a client (hostile or not) that rings ahead and never

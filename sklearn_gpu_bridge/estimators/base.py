@@ -155,7 +155,7 @@ class RemoteEstimator(BaseEstimator):
 
     def _fit_remote(self, method, X, y=None, sample_weight=None, **fit_kwargs):
         """Validate as scikit-learn does, fit on the worker, keep the handle."""
-        heads_up()  # the worker wakes while X is checked here
+        _heads_up(X)
         X, y = self._validate_fit(X, y)
         if self._records_n_samples:
             self.n_samples_fit_ = X.shape[0]
@@ -193,7 +193,7 @@ class RemoteEstimator(BaseEstimator):
         """partial_fit: the first call creates the remote model, later ones update it."""
         if not self.__sklearn_is_fitted__():
             return self._fit_remote("partial_fit", X, y, **kwargs)
-        heads_up()
+        _heads_up(X)
         X, y = self._validate_fit(X, y, reset=False)
         args = [X] + ([] if y is None else [y])
         self._run("partial_fit", args, kwargs, fallback=False)
@@ -234,7 +234,7 @@ class RemoteEstimator(BaseEstimator):
         """
         if not self.__sklearn_is_fitted__():
             check_is_fitted(self)  # its error, in its words
-        heads_up()  # the worker wakes while X is checked here
+        _heads_up(X)
         if X is _NO_X or X is None:
             args = []
             if X is None:
@@ -418,6 +418,13 @@ def _plain_validation(estimator, X, y, settings):
         known.pop("feature_names_in_", None)
         estimator.n_features_in_ = X.shape[1]
     return X if y is _NO_X else (X, y.reshape(-1))  # y as column_or_1d returns it: a view
+
+
+def _heads_up(X):
+    """Have the worker wake while X is checked here (``client.heads_up``), unless X is copied on all cores
+    (``PARALLEL_MIN``): that copy outlasts the worker's watch, and a watching thread would take a core from it."""
+    if getattr(X, "nbytes", 0) < PARALLEL_MIN:
+        heads_up()
 
 
 @functools.lru_cache(maxsize=None)
