@@ -138,6 +138,7 @@ class _Link:
         self.request_slot = None  # a pool block this thread keeps (allocated at its first announcement)
         self.next_token = None  # what the worker watches the request slot for after the last reply, if it does
         self.ring = None  # the doorbell's datagram that names the request slot (reply_slot.ring_of)
+        self.watch = None  # the request slot's watch word (reply_slot.watch_word), read before each ring
         self.closed = False
         self._close_lock = threading.Lock()
         self.pid = os.getpid()
@@ -154,7 +155,7 @@ class _Link:
         if token is not None and len(frames) == 2:  # a request whose arrays lie in the pool
             memory = self.request_slot.buffer()
             if reply_slot.write(reply_slot.request_room(memory), token, frames) and doorbell is not None:
-                if reply_slot.watch_word(memory)[0] != token:
+                if self.watch[0] != token:
                     _ring(doorbell, self.ring)
                 if hold:
                     return _HeldCopy(self, frames, token, memory)
@@ -457,6 +458,7 @@ class Connection:
                 link.request_slot = self.pool.allocate(1)
             link.ring = reply_slot.ring_of(self.client_id, {"segment": link.request_slot.segment,
                                                             "offset": link.request_slot.offset})
+            link.watch = reply_slot.watch_word(link.request_slot.buffer())
         block = link.request_slot
         return {"segment": block.segment, "offset": block.offset, "nbytes": block.nbytes,
                 "token": reply_slot.new_token()}
@@ -782,9 +784,8 @@ class Connection:
         validate and encode its request then finds a worker thread awake, not one that the ring sent with
         the request must wake first (``Worker._answer_bell``; a ring for an empty slot starts a watch)."""
         link = getattr(self._local, "link", None)
-        if link is None or link.next_token is None or self._doorbell is None:
-            return
-        if reply_slot.watch_word(link.request_slot.buffer())[0] != link.next_token:
+        if (link is not None and link.next_token is not None and link.watch[0] != link.next_token
+                and self._doorbell is not None and not self.closed and self.pid == os.getpid()):
             _ring(self._doorbell, link.ring)
 
     def schedule_release(self, handle):
@@ -905,7 +906,7 @@ def heads_up():
     """Tell this process's worker, if it has one already, that a request is on its way
     (:meth:`Connection.heads_up`); connects to nothing."""
     conn = _connection
-    if conn is not None and conn.pid == os.getpid() and not conn.closed and isinstance(conn, Connection):
+    if isinstance(conn, Connection):
         conn.heads_up()
 
 

