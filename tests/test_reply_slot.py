@@ -659,7 +659,8 @@ def test_the_next_requests_come_through_the_doorbell_and_run_once(ringing_worker
 
 def test_rings_alone_read_nothing_and_cost_nothing(ringing_worker):
     """Rings that name no armed slot (noise, other clients' names, as many as the socket's queue holds), a ring
-    for one's own slot with nothing written, and one for a slot holding bytes that are no message: nothing runs,
+    for one's own slot with nothing written (a heads-up: a watch, here of 0 ms, and the slot armed again), and
+    one for a slot holding bytes that are no message: nothing runs,
     nothing is counted against anyone, and the worker answers as before."""
     worker, connect = ringing_worker
     connection = connect()
@@ -676,8 +677,8 @@ def test_rings_alone_read_nothing_and_cost_nothing(ringing_worker):
         except BlockingIOError:  # the worker's queue is full: it reads them meanwhile
             pass
         bell.setblocking(True)
-        bell.send(link.ring)  # nothing written there yet: it stays armed
-        assert connection.ping() and link.ring in worker._armed
+        bell.send(link.ring)  # nothing written there yet: a heads-up, whose watch (0 ms here) ends armed again
+        assert connection.ping() and wait_until(lambda: link.ring in worker._armed, 10)
         memory = link.request_slot.buffer()
         memory[8:64] = os.urandom(56)
         reply_slot.state_word(memory)[0] = link.next_token  # "written": but its lengths are noise
