@@ -783,10 +783,10 @@ class Connection:
         """Ring now for this thread's request slot if no worker thread watches it: a call that is about to
         validate and encode its request then finds a worker thread awake, not one that the ring sent with
         the request must wake first (``Worker._answer_bell``; a ring for an empty slot starts a watch)."""
-        link = getattr(self._local, "link", None)
-        if (link is not None and link.next_token is not None and link.watch[0] != link.next_token
-                and self._doorbell is not None and not self.closed and self.pid == os.getpid()):
-            _ring(self._doorbell, link.ring)
+        link, doorbell = getattr(self._local, "link", None), self._doorbell  # read once: close() may clear it
+        if (link is not None and doorbell is not None and self.pid == os.getpid() and not self.closed
+                and link.next_token is not None and link.watch[0] != link.next_token):
+            _ring(doorbell, link.ring)
 
     def schedule_release(self, handle):
         """Called from finalizers: no I/O here, the next request carries it."""

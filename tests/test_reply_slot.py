@@ -563,7 +563,8 @@ def test_a_watch_started_by_a_heads_up_gives_way_to_other_clients(ringing_worker
     """A heads-up has the reader itself watch the slot (a thread woken for it would cost what the heads-up
     saves), so the watch must not hold up anyone else: a client (hostile or not) that rings ahead and never
     sends keeps the reader for a minute without it. Another client's request is answered at once, and the
-    slot is armed again for its owner's ring."""
+    slot is armed again for its owner's ring; ringing ahead again before a reply starts no second watch (a
+    client that rang on and on would keep a core of the worker spinning)."""
     worker, connect = ringing_worker
     owner, other = connect(), connect()
     X = np.random.default_rng(13).standard_normal((30, 3))
@@ -578,6 +579,10 @@ def test_a_watch_started_by_a_heads_up_gives_way_to_other_clients(ringing_worker
     assert_same(scaled, StandardScaler().fit_transform(X + 1))
     assert wait_until(lambda: link.ring in worker._armed, 10)  # the watch ended, and the slot is armed again
     assert not _watched_for_next(owner)
+    rings = worker.counts["rings"]
+    owner.heads_up()  # one heads-up's watch per reply: ringing on, the client keeps no thread busy
+    assert wait_until(lambda: worker.counts["rings"] == rings + 1, 10)
+    assert not _watched_for_next(owner) and link.ring in worker._armed
     worker.watch_ms = 0.0
     with sklearn_gpu_bridge.config_context(reply_wait="spin"):
         assert_same(_scaled(owner, X + 2), StandardScaler().fit_transform(X + 2))  # rung, and taken

@@ -465,17 +465,18 @@ class Worker:
             return
         self._watch_slot(identity, header, *found, give_way=lambda: not self.queue.idle())
 
-    def _watch_slot(self, identity, header, token, memory, give_way):
+    def _watch_slot(self, identity, header, token, memory, give_way, heads_up=False):
         """Watch the request slot that ``header`` names as ``next_slot`` for ``token`` for up to ``watch_ms``,
         or until ``give_way()``; take the request written there (True if it was queued as work). A watch that
-        ends with none leaves the slot armed: the client rings from then on."""
+        times out or gives way arms the slot (the client rings from then on), marked as watched for a heads-up
+        if this watch was one: a slot gets one such watch per reply."""
         state, watch = reply_slot.state_word(memory), reply_slot.watch_word(memory)
         watch[0] = token  # the client need not ring
         deadline = time.monotonic() + self.watch_ms / 1000
         while state[0] not in (token, -token) and not self._stopping.is_set():
             if time.monotonic() > deadline or give_way():
                 watch[0] = 0  # the client rings from now on, and the doorbell says when to look: armed
-                self._arm(identity, header)  # after the store (its lock is a barrier); a request written
+                self._arm(identity, header, heads_up)  # after the store (its lock is a barrier); a request written
                 if state[0] != token:  # before the client read the watch word is taken here
                     return False
                 self._disarm(header["client"], header["next_slot"])
@@ -505,14 +506,15 @@ class Worker:
             return None
         return slot["token"], attachment.output(slot.get("segment"), slot.get("offset"), slot.get("nbytes")).memory
 
-    def _arm(self, identity, header):
-        """Have a ring that names the request slot of ``header``'s ``next_slot`` read it (``ring_of``)."""
+    def _arm(self, identity, header, heads_up_watched=False):
+        """Have a ring that names the request slot of ``header``'s ``next_slot`` read it (``ring_of``);
+        ``heads_up_watched``: a heads-up's watch of it has ended, and a ring for it empty starts no other."""
         slot = {"client": header["client"], "pool": header["pool"], "next_slot": header["next_slot"]}
         key = reply_slot.ring_of(header["client"], header["next_slot"])
         now = time.monotonic()
         with self._armed_lock:
             self._armed.pop(key, None)  # re-armed: it goes to the end, the freshest
-            self._armed[key] = (identity, slot, now)
+            self._armed[key] = (identity, slot, now, heads_up_watched)
             while self._armed and (len(self._armed) > MAX_ARMED
                                    or next(iter(self._armed.values()))[2] < now - ARMED_SECONDS):
                 del self._armed[next(iter(self._armed))]
@@ -549,11 +551,14 @@ class Worker:
                     armed = None
             if armed is None:
                 continue  # not armed (watched, taken, too old, or never): the ZeroMQ copy counts
-            identity, slot, _ = armed
+            identity, slot, _, heads_up_watched = armed
             try:
                 found = self._slot_block(slot, "next_slot")
             except ProtocolError:  # the client was freed meanwhile
                 found = None
+            if found is not None and heads_up_watched and reply_slot.state_word(found[1])[0] not in (found[0],
+                                                                                                 -found[0]):
+                continue  # nothing written, and a heads-up was watched for since the reply: it stays armed
             with self._armed_lock:
                 if self._armed.get(ring) is not armed:
                     continue  # taken or armed again meanwhile
@@ -566,9 +571,10 @@ class Worker:
                 if state == token:
                     self.counts["rung"] += 1
                     queued |= self._take_request(identity, memory, slot["client"], token)
-                elif state != -token:  # nothing there yet: a heads-up (Connection.heads_up); watch for it
-                    self.counts["heads_up"] += 1
-                    queued |= self._watch_slot(identity, slot, token, memory, give_way=self._input_waiting)
+                elif state != -token:  # nothing there yet: a heads-up (Connection.heads_up); watch for it while
+                    self.counts["heads_up"] += 1  # nothing else runs, waits or arrives (as _follow does)
+                    queued |= self._watch_slot(identity, slot, token, memory, heads_up=True,
+                                               give_way=lambda: not self.queue.idle() or self._input_waiting())
             except Exception:  # noqa: BLE001 - as in _lead: a message must never stop the reading
                 self.counts["failed"] += 1
                 log.exception("a request read from a request slot could not be handled; dropped it")
@@ -584,7 +590,7 @@ class Worker:
     def _cancel(self, client):
         """Drop the work a freed client still has waiting: it never runs, and its replies would reach no one."""
         with self._armed_lock:
-            for ring in [ring for ring, (_, slot, _) in self._armed.items() if slot["client"] == client]:
+            for ring in [ring for ring, (_, slot, *_) in self._armed.items() if slot["client"] == client]:
                 del self._armed[ring]
         dropped = self.queue.cancel(client)
         for _, _, _, state, _ in dropped:

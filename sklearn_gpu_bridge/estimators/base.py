@@ -29,6 +29,7 @@ client's (:class:`client.Connection`). The public methods are small mixins
 """
 
 import functools
+import math
 import warnings
 import weakref
 
@@ -422,8 +423,13 @@ def _plain_validation(estimator, X, y, settings):
 
 def _heads_up(X):
     """Have the worker wake while X is checked here (``client.heads_up``), unless X is copied on all cores
-    (``PARALLEL_MIN``): that copy outlasts the worker's watch, and a watching thread would take a core from it."""
-    if getattr(X, "nbytes", 0) < PARALLEL_MIN:
+    (``PARALLEL_MIN``): that copy outlasts the worker's watch, and a watching thread would take a core from it.
+    What has no ``nbytes`` (a DataFrame, a sparse matrix) counts 8 bytes a cell of its shape."""
+    try:
+        nbytes = X.nbytes if hasattr(X, "nbytes") else 8 * math.prod(X.shape)
+    except Exception:  # noqa: BLE001 - no shape (a list), or an odd one: small enough to ring for
+        nbytes = 0
+    if nbytes < PARALLEL_MIN:
         heads_up()
 
 

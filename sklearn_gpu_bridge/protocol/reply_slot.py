@@ -31,9 +31,10 @@ owner). After the watch the block stays armed: the client rings the worker's
 doorbell (a Unix datagram socket beside the worker's own) when it writes
 there, with a datagram that names the block (:func:`ring_of`), and the
 worker's reader, which polls the doorbell beside its socket, reads that block
-then (``Worker._answer_bell``). An estimator's call also rings as it starts, before it checks X
-(``Connection.heads_up``): a ring for an armed slot that holds nothing yet has the reader watch it, so
-the request finds a thread awake. The client sends the request through ZeroMQ
+then (``Worker._answer_bell``). An estimator's call whose slot no thread watches also rings as it starts,
+before it checks X, unless X is copied on all cores (``Connection.heads_up``): a ring for an armed slot that
+holds nothing yet has the reader watch it (once per reply, while the worker has nothing else to do), so the
+request finds a thread awake. The client sends the request through ZeroMQ
 as well only where the worker does not take it from the block (below);
 where both copies go, whichever comes second is dropped as a duplicate.
 
