@@ -28,6 +28,15 @@ def per_call_us(run, number):
     return float(np.median(timeit.repeat(run, number=number, repeat=7))) / number * 1e6
 
 
+def report(result, out=None):
+    """Print ``result`` with this machine and Python named in it, as JSON, and write it to ``out`` if given."""
+    result = {"machine": platform.processor() or platform.machine(), "python": platform.python_version(), **result}
+    print(json.dumps(result, indent=1))
+    if out:
+        with open(out, "w") as f:
+            json.dump(result, f, indent=1)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--number", type=int, default=3000)
@@ -46,12 +55,7 @@ def main():
             "validate_data": per_call_us(lambda: validate_data(estimator, X, *both, **settings), args.number),
             "short way": per_call_us(lambda: _plain_validation(estimator, X, labels, settings), args.number),
         }
-    result = {"machine": platform.processor() or platform.machine(), "python": platform.python_version(),
-              "microseconds a call": {"input check": validation}}
-    print(json.dumps(result, indent=1))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+    report({"microseconds a call": {"input check": validation}}, args.out)
 
 
 if __name__ == "__main__":

@@ -15,19 +15,14 @@ memory). Medians of 7 ``timeit`` rounds of ``--number`` calls each, in microseco
 import argparse
 import copy
 import inspect
-import json
 import os
-import platform
-import timeit
 
 import numpy as np
 
 import sklearn_gpu_bridge
 from sklearn_gpu_bridge.protocol import PROTOCOL_VERSION, session
 
-
-def per_call_us(run, number):
-    return float(np.median(timeit.repeat(run, number=number, repeat=7))) / number * 1e6
+from client_checks import per_call_us, report
 
 
 def real_headers():
@@ -84,13 +79,8 @@ def main():
                       "read": per_call_us(read, args.number)}
         if not reply:
             rows[name]["pack, then the worker's unpack"] = per_call_us(signed_round, args.number)
-    result = {"protocol": PROTOCOL_VERSION, "tree": os.path.dirname(session.__file__),
-              "machine": platform.processor() or platform.machine(), "python": platform.python_version(),
-              "microseconds a call": rows}
-    print(json.dumps(result, indent=1))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+    report({"protocol": PROTOCOL_VERSION, "tree": os.path.dirname(session.__file__), "microseconds a call": rows},
+           args.out)
 
 
 if __name__ == "__main__":

@@ -784,8 +784,8 @@ class Connection:
         validate and encode its request then finds a worker thread awake, not one that the ring sent with
         the request must wake first (``Worker._answer_bell``; a ring for an empty slot starts a watch)."""
         link, doorbell = getattr(self._local, "link", None), self._doorbell  # read once: close() may clear it
-        if (link is not None and doorbell is not None and self.pid == os.getpid() and not self.closed
-                and link.next_token is not None and link.watch[0] != link.next_token):
+        if (link is not None and link.next_token is not None and doorbell is not None and not self.closed
+                and link.watch[0] != link.next_token and self.pid == os.getpid()):
             _ring(doorbell, link.ring)
 
     def schedule_release(self, handle):

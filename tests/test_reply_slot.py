@@ -542,15 +542,19 @@ def test_an_estimator_call_rings_ahead_and_its_request_is_taken_by_a_thread_alre
     assert worker.counts["from_slot"] == 1 and worker.counts["call"] == 1
 
 
-def test_a_call_whose_x_is_copied_on_all_cores_does_not_ring_ahead(ringing_worker, monkeypatch):
+@pytest.mark.parametrize("kind", ["ndarray", "DataFrame"])
+def test_a_call_whose_x_is_copied_on_all_cores_does_not_ring_ahead(ringing_worker, monkeypatch, kind):
     """An X of PARALLEL_MIN bytes or more is copied into the pool on all cores, for longer than a watch lasts:
-    a thread watching meanwhile would only take a core from the copy. Such a call rings with its request."""
+    a thread watching meanwhile would only take a core from the copy. Such a call rings with its request; a
+    DataFrame (no ``nbytes``) is sized by its shape."""
     from sklearn_gpu_bridge.parallel import PARALLEL_MIN
 
     worker, connect = ringing_worker
     connection = connect()
     monkeypatch.setattr(client, "_connection", connection)
     X = np.random.default_rng(14).standard_normal((PARALLEL_MIN // 8 // 16 + 1, 16))
+    if kind == "DataFrame":
+        X = pytest.importorskip("pandas").DataFrame(X, columns=[f"f{i}" for i in range(16)])
     with sklearn_gpu_bridge.config_context(reply_wait="spin"):
         scaler = GPUStandardScaler().fit(X[:50])
         _armed(worker, connection)

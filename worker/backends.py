@@ -47,10 +47,8 @@ FITTED_ATTRIBUTE = re.compile(r"^[a-z][a-z0-9_]*_$")
 
 
 @functools.lru_cache(maxsize=None)
-@functools.lru_cache(maxsize=None)
 def parameter_names(cls):
-    """The constructor parameters of ``cls`` as ``get_params`` knows them (once per class: scikit-learn's
-    ``_get_param_names`` reads ``__init__``'s signature at every call, about 50 µs a fit).
+    """The constructor parameters of ``cls`` as ``get_params`` knows them.
 
     Not ``inspect.signature``: cuML's vendored scikit-learn base class wraps
     ``__init__`` in ``(*args, **kwargs)`` (its scalers, PolynomialFeatures), and

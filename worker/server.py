@@ -556,17 +556,17 @@ class Worker:
                 found = self._slot_block(slot, "next_slot")
             except ProtocolError:  # the client was freed meanwhile
                 found = None
-            if found is not None and heads_up_watched and reply_slot.state_word(found[1])[0] not in (found[0],
-                                                                                                 -found[0]):
-                continue  # nothing written, and a heads-up was watched for since the reply: it stays armed
+            if found is not None:
+                token, memory = found
+                state = reply_slot.state_word(memory)[0]
+                if heads_up_watched and state not in (token, -token):
+                    continue  # nothing written, and a heads-up was watched for since the reply: it stays armed
             with self._armed_lock:
                 if self._armed.get(ring) is not armed:
                     continue  # taken or armed again meanwhile
                 del self._armed[ring]
             if found is None:
                 continue
-            token, memory = found
-            state = int(reply_slot.state_word(memory)[0])
             try:
                 if state == token:
                     self.counts["rung"] += 1
