@@ -162,12 +162,15 @@ class _Link:
         self.socket.send_multipart(frames, copy=False)
         return None
 
-    def drop_copies(self):
+    def drop_copies(self, late=None):
         """Drop, unread, the ZeroMQ copies of replies taken from the pool that have come (between two
         requests of this thread nothing else can be waiting: a late reply of a request given up on is dropped
-        with them, as :meth:`Connection._await` would)."""
+        with them, as :meth:`Connection._await` would). ``late(frames)``: each is read by it first (a request
+        of this process was interrupted, and its blocks wait for its reply)."""
         while self.copies and self.socket.poll(0):
-            self.socket.recv_multipart(copy=False)
+            frames = self.socket.recv_multipart(copy=False)
+            if late is not None:
+                late(frames)
             self.copies -= 1
 
     def disconnected(self):
@@ -324,6 +327,9 @@ class Connection:
         # request slots of links that are gone: the worker may still write into one (its watch word, a late
         # mark), so each is kept for another thread's requests, never given back to the pool for arrays
         self._spare_request_slots = deque()
+        # the blocks of requests interrupted while they waited (Ctrl-C), by request id: the worker may still
+        # write into them, so they go back to the pool when the reply to that request has come (_answered_late)
+        self._unanswered = {}
         self._cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         try:
             self.capabilities = self._hello()
@@ -429,7 +435,7 @@ class Connection:
         link = self._link()
         link.disconnected()  # forget drops that happened before this request (a reconnected link keeps its name)
         if slot is None:
-            link.drop_copies()
+            link.drop_copies(self._late_reply if self._unanswered else None)
         else:  # a worker on this host: it may watch for this thread's next request; copies go in _watch
             header["next_slot"] = self._request_slot(link)
         frames = self.session.pack(header, buffers, digests)
@@ -490,7 +496,7 @@ class Connection:
             if held is not None and held.settled(now):
                 held = None
             elif link is not None and link.copies:
-                link.drop_copies()
+                link.drop_copies(self._late_reply if self._unanswered else None)
             os.sched_yield()
         frames = reply_slot.read(memory)
         try:
@@ -532,6 +538,7 @@ class Connection:
                     return reply
                 # otherwise the late reply of a request given up on, or the ZeroMQ copy of one read from the
                 # pool that came after this request was sent: read on
+                self._answered_late(reply)
                 link.copies = max(0, link.copies - 1)
             if link.events in events and link.disconnected():
                 raise self._lost(f"the connection to the worker at {self.info.address} closed during a {op!r} "
@@ -547,6 +554,21 @@ class Connection:
                 if pinger not in dict(poller.sockets):
                     poller.register(pinger, zmq.POLLIN)
                 ping_id = self._send_ping(pinger)
+
+    def _late_reply(self, frames):
+        """A reply read only to be dropped (:meth:`_Link.drop_copies`): checked, then :meth:`_answered_late`."""
+        try:
+            self._answered_late(self.session.unpack(frames))
+        except ProtocolError:
+            pass
+
+    def _answered_late(self, reply):
+        """``reply`` (header, buffers) came after its request stopped waiting: if that request was interrupted,
+        the worker has written all it will into its blocks by now (the reply goes into its reply slot before
+        it is sent), and they go back to the pool."""
+        if reply is not None and self._unanswered:
+            for block in self._unanswered.pop(reply[0].get("parent"), ()):
+                block.release()
 
     def _send_ping(self, sock):
         ping_id = new_id()
@@ -632,7 +654,10 @@ class Connection:
         except BaseException as exc:
             if waiting and (isinstance(exc, WorkerLost) or not isinstance(exc, Exception)):
                 # no reply came (the worker is lost, or a Ctrl-C interrupted the wait): the worker may still
-                # run the request and write into these blocks, so they are never reused; an error is a reply
+                # run the request and write into these blocks, so they are not reused until its reply has come
+                # (a lost worker's go with the pool); an error is a reply
+                if not isinstance(exc, WorkerLost) and "id" in header:
+                    self._unanswered[header["id"]] = blocks + ([out] if out is not None else [])
                 raise
             for block in blocks + ([out] if out is not None else []):
                 block.release()

@@ -56,6 +56,15 @@ def _fit_in_thread(estimator, X, y):
     return thread, outcome
 
 
+def _on_another_thread(call):
+    """``call()`` on a thread of its own (its own socket to the worker); its result."""
+    result = []
+    thread = threading.Thread(target=lambda: result.append(call()), daemon=True)
+    thread.start()
+    thread.join(timeout=30)
+    return result[0]
+
+
 def _wait_fitting(connection, fits_before, seconds=10):
     """Wait until the worker has received a fit beyond ``fits_before`` (so the kill lands mid-call)."""
     assert wait_until(lambda: connection.status()["requests"].get("fit", 0) > fits_before, seconds)
@@ -86,12 +95,20 @@ def test_worker_sigkilled_mid_call_raises_worker_lost_within_3_s(fresh_worker, a
 
 
 @CPU_ONLY
-def test_a_call_interrupted_while_it_waits_gives_no_block_the_worker_may_still_write(fresh_worker):
+@pytest.mark.parametrize("then", ["spin", "sleep"])
+def test_a_call_interrupted_while_it_waits_gives_no_block_the_worker_may_still_write(fresh_worker, then):
     """Ctrl-C during a call: the worker still runs the request, and writes its reply into the block the request
     named as its reply slot. Handed back to the pool at the interrupt, that block would hold the next arrays
-    this process sends, and the late reply would overwrite them."""
+    this process sends, and the late reply would overwrite them. Once that reply has come, the blocks go back
+    to the pool: a session interrupted again and again does not grow its pool by a block each time. This
+    thread's next calls read the late reply ``then``: dropped while they spin for their own replies, or read
+    while they wait on the socket."""
     connection = sklearn_gpu_bridge.get_connection()
     X, y = long_fit_data()
+    small = np.random.default_rng(0).standard_normal((50, 4))
+    with sklearn_gpu_bridge.config_context(reply_wait="spin"):
+        GPUStandardScaler().fit_transform(small)  # this thread's request slot, kept while the connection lives
+    in_use = connection.pool.slots_in_use
     fits, handles = connection.status()["requests"].get("fit", 0), connection.status()["handles"]
     main = threading.get_ident()
 
@@ -102,14 +119,19 @@ def test_a_call_interrupted_while_it_waits_gives_no_block_the_worker_may_still_w
     threading.Thread(target=interrupt, daemon=True).start()
     with sklearn_gpu_bridge.config_context(reply_wait="spin"), pytest.raises(KeyboardInterrupt):
         GPUSVC(C=100).fit(X, y)  # waits for its reply in its reply slot, then on the socket
+    assert connection.pool.slots_in_use > in_use  # the interrupted request's blocks, held
     blocks = [connection.pool.allocate(1) for _ in range(8)]  # what the next calls would be given
     for block in blocks:
         np.frombuffer(block.buffer(), np.uint8)[:] = 0xAB
-    assert wait_until(lambda: connection.status()["handles"] > handles, 60)  # the worker finished the fit
+    # the worker finished the fit (asked from another thread: this one's socket holds the late reply)
+    assert wait_until(lambda: _on_another_thread(connection.status)["handles"] > handles, 60)
     time.sleep(0.5)  # and wrote its reply
     for block in blocks:
         assert (np.frombuffer(block.buffer(), np.uint8) == 0xAB).all(), "the late reply overwrote a new block"
         block.release()
+    with sklearn_gpu_bridge.config_context(reply_wait=then):
+        assert wait_until(lambda: GPUStandardScaler().fit_transform(small) is not None
+                          and connection.pool.slots_in_use == in_use, 20), "the late reply freed no block"
 
 
 @CPU_ONLY
