@@ -60,6 +60,9 @@ def test_a_reply_longer_than_its_slot_is_marked_so_and_not_written():
     [1, 2, -8, 8],  # a negative length
     [1, 2, 8, 1 << 40],  # a length past the slot
     [1, 2, 4000, 4000],  # lengths that add up past the slot
+    [1, 1000, 8, 8],  # a count within bounds, whose lengths would lie past the slot's end
+    [1, 3, (1 << 62), (1 << 62), (1 << 62)],  # lengths whose int64 sum wraps around to 2 ** 62
+    [1, 2, (1 << 63) - 1, 2],  # ... or to a negative number
 ])
 def test_lengths_that_do_not_add_up_are_refused_not_read(words):
     memory = memoryview(bytearray(4096))
