@@ -100,35 +100,27 @@ def _unlink_all(paths, owner_pid):
 
 
 class Block:
-    """A run of slots held by one request (or one result array) until released."""
+    """A run of slots held by one request (or one result array) until released.
 
-    __slots__ = ("_pool", "_index", "start", "count", "__weakref__")
+    ``segment`` (the segment's id on the wire: its fd, or its index for files), ``offset`` and ``nbytes`` are
+    plain attributes, set once: a request reads them a dozen times, and a property is a call each time."""
+
+    __slots__ = ("_pool", "_index", "start", "count", "segment", "offset", "nbytes", "__weakref__")
 
     def __init__(self, pool, index, start, count):
         self._pool, self._index, self.start, self.count = pool, index, start, count
-
-    @property
-    def segment(self):
-        """The segment's id on the wire: its fd (memfd) or its index (file)."""
-        return self._pool._segments[self._index].id
-
-    @property
-    def offset(self):
-        return self.start * self._pool.slot_size
-
-    @property
-    def nbytes(self):
-        return self.count * self._pool.slot_size
+        self.segment = pool._segments[index].id
+        self.offset, self.nbytes = start * pool.slot_size, count * pool.slot_size
 
     def buffer(self):
-        """A writable memoryview of the whole block (no copy)."""
+        """A writable memoryview of the whole block (no copy); empty once released."""
         return self._pool._segments[self._index].view[self.offset : self.offset + self.nbytes]
 
     def release(self):
         """Return the slots to the pool; safe to call twice."""
         if self.count:
             self._pool._free_slots(self._index, self.start, self.count)
-            self.count = 0
+            self.count = self.nbytes = 0
 
 
 class _Segment:

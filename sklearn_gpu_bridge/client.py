@@ -68,6 +68,14 @@ ALIGN = 64  # reply arrays start on this boundary inside the output block
 SPIN_SECONDS = 0.01  # a call watches its reply slot this long, then sleeps on the socket
 SPIN_MIN_CPUS = 4  # "auto" spins only on hosts with at least this many cores (the worker's threads need some)
 REPLY_WAITS = ("auto", "spin", "sleep")
+# a socket's events as plain ints: ``Socket.poll`` builds a Poller, and pyzmq's flags are enums, whose operators
+# are Python code; a look between two requests needs neither
+_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
+
+
+def _readable(sock):
+    """Whether a message waits on ``sock`` (ZMQ_EVENTS; ``Socket.poll(0)`` without its Python)."""
+    return sock.getsockopt(_EVENTS) & _POLLIN
 
 
 PRECISIONS = ("float32", "native")
@@ -167,7 +175,7 @@ class _Link:
         requests of this thread nothing else can be waiting: a late reply of a request given up on is dropped
         with them, as :meth:`Connection._await` would). ``late(frames)``: each is read by it first (a request
         of this process was interrupted, and its blocks wait for its reply)."""
-        while self.copies and self.socket.poll(0):
+        while self.copies and _readable(self.socket):
             frames = self.socket.recv_multipart(copy=False)
             if late is not None:
                 late(frames)
@@ -180,7 +188,7 @@ class _Link:
         between two requests is known within that, not after a heartbeat timeout.
         """
         dropped = False
-        while self.events.poll(0):
+        while _readable(self.events):
             event = recv_monitor_message(self.events)
             dropped |= event["event"] in (zmq.EVENT_DISCONNECTED, zmq.EVENT_CONNECT_RETRIED)
         return dropped
@@ -247,9 +255,12 @@ def _ring(doorbell, ring):
     """Ring the worker's doorbell (a Unix datagram socket) for a request slot: never waits, never signals (a
     worker gone, a full queue: the ZeroMQ copy counts)."""
     try:
-        doorbell.send(ring, socket.MSG_DONTWAIT | getattr(socket, "MSG_NOSIGNAL", 0))
+        doorbell.send(ring, _RING_FLAGS)
     except OSError:
         pass
+
+
+_RING_FLAGS = int(socket.MSG_DONTWAIT | getattr(socket, "MSG_NOSIGNAL", 0))  # an int: flags' | is Python code
 
 
 def _open_doorbell(path):

@@ -94,6 +94,7 @@ HANDSHAKE_SECONDS = 5  # a connection that has not authenticated by then is clos
 MAX_READ_IN_TURN = 64  # messages the reading thread reads before it looks at its clock (sweeps)
 MAX_ARMED = 1024  # request slots armed for the doorbell at once (a client has one per thread); the oldest go
 ARMED_SECONDS = 600.0  # an armed slot that no ring has named for this long goes (its thread is idle or gone)
+_POLLIN = int(zmq.POLLIN)  # an int: an enum flag's & is Python code, run at every look at the socket
 RINGS_IN_TURN = 256  # rings the reading thread takes in one turn before it looks at its socket again
 MAX_WATCH_MS = 60_000.0  # a longer watch of a request slot is refused (see config.WORKER_DEFAULTS["watch_ms"])
 #: a file name: the work of every request is profiled and the stats written there at exit (diagnosis)
@@ -325,7 +326,7 @@ class Worker:
                 drained = True
                 for _ in range(MAX_READ_IN_TURN):
                     with self._router_lock:
-                        if self.router.closed or not self.router.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                        if self.router.closed or not self.router.getsockopt(zmq.EVENTS) & _POLLIN:
                             break
                         try:
                             if self._receive():
@@ -583,7 +584,7 @@ class Worker:
     def _input_waiting(self):
         """Whether a message or a ring waits for the reader: a watch on the reader's thread gives way to it."""
         with self._router_lock:
-            if self.router.closed or self.router.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            if self.router.closed or self.router.getsockopt(zmq.EVENTS) & _POLLIN:
                 return True
         return bool(self._bell_waiting.poll(0))
 
@@ -604,7 +605,7 @@ class Worker:
             if self.router.closed:
                 return  # stopped while this request ran: the client is told by the closed connection
             self.router.send_multipart([identity, *frames], copy=False)
-            waiting = self.router.getsockopt(zmq.EVENTS) & zmq.POLLIN
+            waiting = self.router.getsockopt(zmq.EVENTS) & _POLLIN
         if waiting and not getattr(self._local, "leading", False):
             self._wake()
 

@@ -221,6 +221,11 @@ class RemoteEstimator(BaseEstimator):
     def _changed(self, own):
         """Of ``own`` (``get_params``), those set away from their defaults: a worker may not ignore them."""
         defaults = _defaults(type(self))
+        try:
+            if own == defaults:  # all at their defaults: one comparison, not one call per parameter
+                return []
+        except Exception:  # noqa: BLE001 - values whose == is no bool (arrays): compared one by one
+            pass
         return [name for name, value in own.items() if name in defaults and not _same(value, defaults[name])]
 
     # ------------------------------------------------------------ calling
@@ -295,7 +300,7 @@ class RemoteEstimator(BaseEstimator):
     # ------------------------------------------------------------ fitted state
 
     def __sklearn_is_fitted__(self):
-        return any(key in self.__dict__ for key in _STATE_KEYS)
+        return not self.__dict__.keys().isdisjoint(_STATE_KEYS)
 
     def _has_state(self):
         return "_sklearn_model" in self.__dict__ or "_backend_state" in self.__dict__
@@ -457,9 +462,14 @@ def _same(a, b):
         return a is b
 
 
+_SCALAR_TYPES = frozenset({type(None), bool, int, float, str})
+
+
 def _scalars(values):
     """Whether every value is a scalar or None: nothing in them that scikit-learn's check of X and y saw."""
-    return all(v is None or isinstance(v, (bool, int, float, str)) for v in values)
+    values = list(values)
+    return _SCALAR_TYPES.issuperset(map(type, values)) or all(  # the exact types first: no call per value
+        v is None or isinstance(v, (bool, int, float, str)) for v in values)
 
 
 def _codes(codes):

@@ -33,7 +33,7 @@ dask registers serializers): a new type is a new entry, not a new branch.
 
 import math
 import threading
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 
 import blake3
 import numpy as np
@@ -226,7 +226,7 @@ class Encoder:
         self.arrays = []
         self.buffers = []
         self.digests = {}  # buffer index -> its digest, where hashing for a cache key gave it already
-        self.counts = Counter()
+        self.counts = {}  # arrays per path (a dict: a Counter's methods are Python calls)
         self.reused = []
         self.offered = []
 
@@ -239,7 +239,7 @@ class Encoder:
         return {BLOB: len(self.buffers) - 1}
 
     def _marker(self, desc):
-        self.counts[desc["where"]] += 1
+        self.counts[desc["where"]] = self.counts.get(desc["where"], 0) + 1
         self.arrays.append(desc)
         return {ARRAY: len(self.arrays) - 1}
 
@@ -383,8 +383,15 @@ ENCODERS = {
 }
 
 
+_PLAIN = frozenset({type(None), bool, int, float, str, bytes})
+
+
 def _encoder_for(value):
-    if is_sparse(value):  # first: a DOK matrix is also a dict
+    kind = type(value)
+    write = ENCODERS.get(kind)  # the exact type first: a plain dict, list or ndarray is no sparse matrix
+    if write is not None or kind in _PLAIN:
+        return write
+    if is_sparse(value):  # before the types' bases: a DOK matrix is also a dict
         return Encoder.sparse
     for cls in type(value).__mro__:
         write = ENCODERS.get(cls)
@@ -416,7 +423,7 @@ class Decoder:
         self.read_pool = read_pool
         self.writeable = writeable
         self.cache = cache
-        self.counts = Counter()
+        self.counts = {}  # arrays per path
 
     def decode(self, value):
         if isinstance(value, dict):
@@ -522,7 +529,7 @@ class Decoder:
                 key = _check_key(desc["cache"])
                 if self.cache is not None:
                     arr = self.cache.put(key, arr)
-        self.counts[where] += 1
+        self.counts[where] = self.counts.get(where, 0) + 1
         if self.writeable and not arr.flags.writeable:
             arr = arr.copy(order="K")
         elif not self.writeable:

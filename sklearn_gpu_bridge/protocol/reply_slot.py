@@ -119,13 +119,14 @@ def write(memory, token, frames):
     with numpy's views of two or three words and 4-8 us this way, and after a ``gc.collect()`` 184-228 us
     against 100-115 us (``benchmarks/slot_codec.py``, ``results/cpu-1127/slot-codec-*.json``)."""
     views = [memoryview(frame).cast("B") for frame in frames]
+    sizes = [view.nbytes for view in views]
     start = WORD * (2 + len(views))
     if len(memory) < WORD:
         return False
-    if start + sum(v.nbytes for v in views) > len(memory):
+    if start + sum(sizes) > len(memory):
         state_word(memory)[0] = -token
         return False
-    struct.pack_into(f"{1 + len(views)}q", memory, WORD, len(views), *(v.nbytes for v in views))
+    struct.pack_into(f"{1 + len(views)}q", memory, WORD, len(views), *sizes)
     position = start
     for view in views:
         memory[position : position + view.nbytes] = view
