@@ -10,6 +10,7 @@ import textwrap
 import threading
 import time
 import types
+import warnings
 
 import numpy as np
 import pytest
@@ -22,7 +23,7 @@ from sklearn_gpu_bridge.connect import ConnectionInfo, new_key, write_connection
 from sklearn_gpu_bridge.protocol import PROTOCOL_VERSION
 from sklearn_gpu_bridge.host import pid_alive
 
-from .conftest import BACKEND, WorkerProcess, assert_same, use_worker
+from .conftest import BACKEND, WorkerProcess, assert_same, use_worker, wait_until
 
 
 def _long_fit_data():
@@ -356,3 +357,104 @@ def test_a_gpu_without_memory_pools_keeps_cumls_allocator_and_says_so(monkeypatc
         use_device_memory("async")
     assert made == []
     assert "CUDA's stream-ordered pool is not usable here (RuntimeError: cudaErrorNotSupported" in caplog.text
+
+
+# ---------------------------------------------------------------- warnings of requests that run at once
+
+
+def test_a_warning_on_the_worker_is_warned_again_by_the_call_that_caused_it_each_time():
+    """A ConvergenceWarning of the worker's estimator comes back with the reply and is warned on the client, in
+    its category, at every call that causes it (the worker shows every warning; the client's filters decide)."""
+    from sklearn.exceptions import ConvergenceWarning
+
+    X, y = make_classification(n_samples=200, n_features=8, random_state=0)
+    if BACKEND != "sklearn":
+        pytest.skip("scikit-learn's LogisticRegression warns of max_iter=1; cuML's may not")
+    for _ in range(2):
+        with pytest.warns(ConvergenceWarning):
+            sklearn_gpu_bridge.GPULogisticRegression(max_iter=1).fit(X, y)
+
+
+def test_warnings_of_requests_that_overlap_on_two_threads_stay_with_their_request():
+    """Two requests run at once on two of the worker's threads (two clients' requests may): A starts, B starts,
+    A warns, A ends, B warns. Each reply must carry its own warning, and only it. Caught with
+    ``warnings.catch_warnings``, which swaps the process's state, A's warning went into B's reply (B entered
+    last) and B's to stderr (A's exit put back what was there before either)."""
+    from sklearn_gpu_bridge.worker.caught_warnings import caught_warnings
+
+    a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+    got = {}
+
+    def request(name, entered, wait_for, then):
+        with caught_warnings() as caught:
+            entered.set()
+            assert wait_for.wait(10)
+            warnings.warn(f"from {name}", RuntimeWarning)
+        got[name] = caught
+        then.set()
+
+    a = threading.Thread(target=request, args=("A", a_in, b_in, a_out))
+    b = threading.Thread(target=request, args=("B", b_in, a_out, threading.Event()))
+    a.start()
+    assert a_in.wait(10)
+    b.start()
+    a.join(10)
+    b.join(10)
+    assert got == {"A": [("builtins", "RuntimeWarning", "from A")], "B": [("builtins", "RuntimeWarning", "from B")]}
+
+
+def test_a_warning_outside_any_request_is_shown_as_before():
+    """On a thread that runs no request (the worker's own), a warning goes where warnings go, not into a reply."""
+    from sklearn_gpu_bridge.worker.caught_warnings import caught_warnings
+
+    with caught_warnings():
+        pass  # installed
+    with pytest.warns(UserWarning, match="not a request's"):
+        warnings.warn("not a request's", UserWarning)
+
+
+def _init_that_waits(mine, theirs, say):
+    """A KMeans ``init`` (sent by value, as cloudpickle) that touches ``mine``, waits for ``theirs``, warns ``say``
+    and starts from the first rows: a fit whose warning comes at a moment the test chooses."""
+    def init(X, n_clusters, random_state):
+        open(mine, "w").close()
+        deadline = time.monotonic() + 30
+        while not os.path.exists(theirs) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        warnings.warn(say, UserWarning)
+        return X[:n_clusters].copy()
+    return init
+
+
+@pytest.mark.skipif(BACKEND != "sklearn", reason="a callable init runs in scikit-learn's KMeans (the CPU worker)")
+def test_a_clients_warnings_never_reach_another_clients_reply(fresh_worker, tmp_path, monkeypatch):
+    """Two clients (key holders both) fit at once on two of the worker's threads: A's fit starts, B's starts, A's
+    warns and ends, then B's warns. Each client is warned of its own warning alone: with the process-wide
+    ``catch_warnings`` of before, A's warning went to B and B's to the worker's stderr."""
+    from sklearn_gpu_bridge.client import Connection
+    from sklearn_gpu_bridge.connect import read_connection_file
+
+    X = np.random.default_rng(0).standard_normal((60, 3))
+    a_in, b_in, a_done = (str(tmp_path / name) for name in ("a-in", "b-in", "a-done"))
+    clients = {name: Connection(read_connection_file(fresh_worker.connection_file)) for name in "AB"}
+    heard = []  # (the client's thread, the warning) as each client warns again what its reply carried
+    monkeypatch.setattr(warnings, "showwarning", lambda message, *rest: heard.append(
+        (threading.current_thread().name, str(message))))
+    warnings.simplefilter("always")  # inside the test's own catch_warnings: put back after it
+
+    def fit(name, init):
+        clients[name].fit("KMeans", {"n_clusters": 2, "n_init": 1, "init": init}, "fit", [X], {})
+
+    try:
+        a = threading.Thread(name="A", target=lambda: (fit("A", _init_that_waits(a_in, b_in, "init of A")),
+                                                       open(a_done, "w").close()))
+        b = threading.Thread(name="B", target=fit, args=("B", _init_that_waits(b_in, a_done, "init of B")))
+        a.start()
+        assert wait_until(lambda: os.path.exists(a_in), 30)
+        b.start()
+        a.join(60)
+        b.join(60)
+    finally:
+        for connection in clients.values():
+            connection.close()
+    assert sorted(entry for entry in heard if "init of" in entry[1]) == [("A", "init of A"), ("B", "init of B")]

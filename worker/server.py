@@ -47,7 +47,6 @@ import socket
 import tempfile
 import threading
 import time
-import warnings
 from collections import Counter
 from pathlib import Path
 
@@ -77,6 +76,7 @@ from sklearn_gpu_bridge.protocol.session import Duplicate, StaleMessage
 from sklearn_gpu_bridge.shm import default_directory
 
 from .cache import ArrayCache
+from .caught_warnings import caught_warnings
 from .clients import Clients
 from .gatekeeper import DOMAIN, Gatekeeper
 from .handles import HandleTable
@@ -695,8 +695,7 @@ class Worker:
             freed = self.handles.release(self._releases(header), header.get("client"))
             if header["op"] in WORK_OPS:  # out of the table now; the models themselves go after the reply (_work)
                 self._local.freed = freed
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
+            with caught_warnings() as caught:  # this thread's alone: requests of other clients run beside it
                 payload, reply_buffers = getattr(self, "_op_" + header["op"])(header, buffers)
             # when the message arrived and its reply was ready (CLOCK_MONOTONIC, which processes on one
             # host share): profiles tell the worker's share from the client's and the sockets'
@@ -707,9 +706,7 @@ class Worker:
             if self._local.kept:
                 reply["cache_kept"] = self._local.kept
             if caught:
-                reply["warnings"] = [
-                    (w.category.__module__, w.category.__name__, str(w.message)) for w in caught
-                ]
+                reply["warnings"] = caught
             return self.session.pack(reply, reply_buffers)
         except Exception as exc:  # noqa: BLE001 - every failure becomes an error reply
             return self._error_reply(header, exc)
