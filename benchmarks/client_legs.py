@@ -21,7 +21,7 @@ import numpy as np
 
 import sklearn_gpu_bridge
 from client_checks import report
-from e2e import CASES, WorkerProcess, make_data
+from e2e import CASES, bridged_to_new_worker, make_data
 
 SMALL = ("StandardScaler fit_transform 5000x20", "StandardScaler fit_transform 5000x20 float64",
          "LogisticRegression fit+predict 5000x20", "LogisticRegression fit+predict 5000x20 float64")
@@ -53,6 +53,23 @@ def legs(call, runs, collect, connection):
     return {"whole": whole, "before sending": before, "after the reply": after, "rest": rest}
 
 
+def over_small_calls(backend, reply_wait, measure):
+    """``{name: measure(call)}`` for each call of the small cases (warmed up first), through a new worker of
+    ``backend``; the calls wait for their replies as ``reply_wait`` says."""
+    worker = bridged_to_new_worker(backend, reply_wait=reply_wait)
+    measured = {}
+    try:
+        for case in (case for case in CASES if case.name in SMALL):
+            for name, call in calls_of(case):
+                for _ in range(20):
+                    call()
+                measured[name] = measure(name, call)
+    finally:
+        sklearn_gpu_bridge.reset_connection()
+        worker.stop()
+    return measured
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", choices=("sklearn", "cuml"), default="sklearn")
@@ -60,27 +77,18 @@ def main():
     parser.add_argument("--reply-wait", choices=("auto", "spin", "sleep"), default="auto")
     parser.add_argument("--out")
     args = parser.parse_args()
-    worker = WorkerProcess(args.backend)
-    sklearn_gpu_bridge.set_config(connection_file=str(worker.connection_file), start_local_worker=False,
-                                  reply_wait=args.reply_wait)
-    connection = sklearn_gpu_bridge.get_connection()
-    result = {"backend": args.backend, "runs": args.runs, "reply_wait": args.reply_wait,
-              "bridge": sklearn_gpu_bridge.__file__, "ms": {}}
-    try:
-        for case in (case for case in CASES if case.name in SMALL):
-            for name, call in calls_of(case):
-                for _ in range(20):
-                    call()
-                result["ms"][name] = {mode: legs(call, args.runs, mode == "after gc.collect()", connection)
-                                      for mode in ("after gc.collect()", "back to back")}
-                cold, warm = result["ms"][name]["after gc.collect()"], result["ms"][name]["back to back"]
-                print(f"{name:<52} before sending {cold['before sending']:.3f} / {warm['before sending']:.3f}, "
-                      f"after the reply {cold['after the reply']:.3f} / {warm['after the reply']:.3f} ms "
-                      "(after gc.collect() / back to back)", flush=True)
-    finally:
-        sklearn_gpu_bridge.reset_connection()
-        worker.stop()
-    report(result, args.out)
+
+    def measure(name, call):
+        connection = sklearn_gpu_bridge.get_connection()
+        cold, warm = (legs(call, args.runs, collect, connection) for collect in (True, False))
+        print(f"{name:<52} before sending {cold['before sending']:.3f} / {warm['before sending']:.3f}, "
+              f"after the reply {cold['after the reply']:.3f} / {warm['after the reply']:.3f} ms "
+              "(after gc.collect() / back to back)", flush=True)
+        return {"after gc.collect()": cold, "back to back": warm}
+
+    ms = over_small_calls(args.backend, args.reply_wait, measure)
+    report({"backend": args.backend, "runs": args.runs, "reply_wait": args.reply_wait,
+            "bridge": sklearn_gpu_bridge.__file__, "ms": ms}, args.out)
 
 
 if __name__ == "__main__":

@@ -212,6 +212,14 @@ class WorkerProcess(LaunchedWorker):
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
+def bridged_to_new_worker(backend, **settings):
+    """A :class:`WorkerProcess` of ``backend``, with this process's calls pointed at it (and its client
+    ``settings``: ``reply_wait`` ...); stop it when done."""
+    worker = WorkerProcess(backend)
+    sklearn_gpu_bridge.set_config(connection_file=str(worker.connection_file), start_local_worker=False, **settings)
+    return worker
+
+
 def cuml_class(path):
     import importlib
 

@@ -25,7 +25,7 @@ import time
 import numpy as np
 
 import sklearn_gpu_bridge
-from e2e import CASES, WorkerProcess, cuml_class, make_data
+from e2e import CASES, bridged_to_new_worker, cuml_class, make_data
 
 SMALL = ("StandardScaler fit_transform 5000x20", "LogisticRegression fit+predict 5000x20")
 MODES = ("back to back", "after gc.collect()", "after 20 ms asleep")
@@ -53,9 +53,7 @@ def main():
     parser.add_argument("--reply-wait", choices=("auto", "spin", "sleep"), default="auto")
     parser.add_argument("--out")
     args = parser.parse_args()
-    worker = WorkerProcess(args.backend)
-    sklearn_gpu_bridge.set_config(connection_file=str(worker.connection_file), start_local_worker=False,
-                                  reply_wait=args.reply_wait)
+    worker = bridged_to_new_worker(args.backend, reply_wait=args.reply_wait)
     rows = []
     try:
         echo = sklearn_gpu_bridge.get_connection().echo

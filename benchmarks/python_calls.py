@@ -18,8 +18,7 @@ import pstats
 
 import sklearn_gpu_bridge
 from client_checks import report
-from client_legs import SMALL, calls_of
-from e2e import CASES, WorkerProcess
+from client_legs import over_small_calls
 
 SPINNING = ("settled",)  # functions called once per look at the reply slot: how often is the worker's time
 
@@ -41,21 +40,13 @@ def main():
     parser.add_argument("--reply-wait", choices=("auto", "spin", "sleep"), default="spin")
     parser.add_argument("--out")
     args = parser.parse_args()
-    worker = WorkerProcess("sklearn")
-    sklearn_gpu_bridge.set_config(connection_file=str(worker.connection_file), start_local_worker=False,
-                                  reply_wait=args.reply_wait)
-    result = {"reply_wait": args.reply_wait, "bridge": sklearn_gpu_bridge.__file__, "per call": {}}
-    try:
-        for case in (case for case in CASES if case.name in SMALL):
-            for name, call in calls_of(case):
-                for _ in range(10):
-                    call()
-                calls, functions = python_calls(call)
-                result["per call"][name] = {"python calls": calls, "python functions": functions}
-    finally:
-        sklearn_gpu_bridge.reset_connection()
-        worker.stop()
-    report(result, args.out)
+
+    def measure(name, call):
+        calls, functions = python_calls(call)
+        return {"python calls": calls, "python functions": functions}
+
+    per_call = over_small_calls("sklearn", args.reply_wait, measure)
+    report({"reply_wait": args.reply_wait, "bridge": sklearn_gpu_bridge.__file__, "per call": per_call}, args.out)
 
 
 if __name__ == "__main__":

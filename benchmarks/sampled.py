@@ -28,10 +28,9 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 
 import sklearn_gpu_bridge
-from e2e import CASES, WorkerProcess, make_data
+from e2e import CASES, bridged_to_new_worker, make_data
 
 DEFAULT_CASES = ("StandardScaler fit_transform 5000x20", "LogisticRegression fit+predict 5000x20")
 PACKAGE = re.compile(r"\((?:.*/)?(sklearn_gpu_bridge/[^)]*|worker/[^)]*|shm/[^)]*)\)")
@@ -82,9 +81,7 @@ def main():
         import cuml  # noqa: F401 - the heap the table's collections walk
 
     cases = [case for case in CASES if case.name in args.only.split(",")]
-    worker = WorkerProcess(args.backend)
-    sklearn_gpu_bridge.set_config(connection_file=str(worker.connection_file), start_local_worker=False,
-                                  reply_wait=args.reply_wait)
+    worker = bridged_to_new_worker(args.backend, reply_wait=args.reply_wait)
     folder = Path(tempfile.mkdtemp(prefix="sgb-sampled-"))
     report = {"backend": args.backend, "rate": args.rate, "reply_wait": args.reply_wait,
               "bridge": sklearn_gpu_bridge.__file__, "cases": []}
