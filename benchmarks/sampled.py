@@ -49,12 +49,13 @@ def frames_of(stack):
 
 
 def aggregate(path, within, calls, interval_ms, top):
-    """{inclusive: [(frame, ms per call)], leaf: [...]} of the samples whose stack passes through ``within``."""
+    """{inclusive: [(frame, ms per call)], leaf: [...]} of the samples whose stack passes through one of
+    ``within`` (parts of frames' names)."""
     inclusive, leaf = collections.Counter(), collections.Counter()
     for line in Path(path).read_text().splitlines():
         stack, _, count = line.rpartition(" ")
         frames = frames_of(stack)
-        if not any(within in frame for frame in frames):
+        if not any(part in frame for frame in frames for part in within):
             continue
         for frame in set(frames):
             inclusive[frame] += int(count)
@@ -108,8 +109,11 @@ def main():
                     print(err.decode(errors="replace"), file=sys.stderr)
             calls = runs  # one "call" of a case: what e2e times (a pair counts once)
             row = {"case": case.name, "runs": runs,
-                   "client": aggregate(raw["client"], "main (sampled.py", calls, 1e3 / args.rate, args.top),
-                   "worker": aggregate(raw["worker"], "Worker._work", calls, 1e3 / args.rate, args.top)}
+                   # the case's call (not the collection before it); the worker's reading and running of
+                   # requests (not its threads' watching for the next one)
+                   "client": aggregate(raw["client"], ("(e2e.py:",), calls, 1e3 / args.rate, args.top),
+                   "worker": aggregate(raw["worker"], ("Worker._accept", "Worker._work"), calls, 1e3 / args.rate,
+                                       args.top)}
             report["cases"].append(row)
             print(f"== {case.name}: {runs} runs after gc.collect(); ms per run, a function and all it calls")
             for side in ("client", "worker"):
