@@ -323,7 +323,7 @@ class PoolAttachment:
             os.close(fd)
 
     def _check(self, segment, offset, nbytes):
-        if not all(type(v) is int for v in (segment, offset, nbytes)):
+        if not (type(segment) is int and type(offset) is int and type(nbytes) is int):
             raise PoolError("pool range must be three integers")
         if offset < 0 or nbytes < 0:
             raise PoolError("pool range must not be negative")
