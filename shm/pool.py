@@ -103,7 +103,8 @@ class Block:
     """A run of slots held by one request (or one result array) until released.
 
     ``segment`` (the segment's id on the wire: its fd, or its index for files), ``offset`` and ``nbytes`` are
-    plain attributes, set once: a request reads them a dozen times, and a property is a call each time."""
+    plain attributes, not properties: a request reads them a dozen times, and a property is a call each time.
+    ``nbytes`` is 0 once the block is released."""
 
     __slots__ = ("_pool", "_index", "start", "count", "segment", "offset", "nbytes", "__weakref__")
 

@@ -143,6 +143,10 @@ class _Link:
         self.socket.connect(info.address)  # after the monitor: no event is missed
         self.pinger = None
         self.copies = 0  # ZeroMQ copies of replies already read from the pool, not yet dropped
+        # the blocks of this thread's requests interrupted while they waited (Ctrl-C), by request id: the worker
+        # may still write into them, so they go back to the pool when the reply to that request has come here
+        # (Connection._answered_late); until then each reply dropped unread is checked for it
+        self.unanswered = {}
         self.request_slot = None  # a pool block this thread keeps (allocated at its first announcement)
         self.next_token = None  # what the worker watches the request slot for after the last reply, if it does
         self.ring = None  # the doorbell's datagram that names the request slot (reply_slot.ring_of)
@@ -260,7 +264,8 @@ def _ring(doorbell, ring):
         pass
 
 
-_RING_FLAGS = int(socket.MSG_DONTWAIT | getattr(socket, "MSG_NOSIGNAL", 0))  # an int: flags' | is Python code
+# an int: flags' | is Python code; neither flag is on Windows (where no doorbell is rung), which imports this too
+_RING_FLAGS = int(getattr(socket, "MSG_DONTWAIT", 0) | getattr(socket, "MSG_NOSIGNAL", 0))
 
 
 def _open_doorbell(path):
@@ -338,9 +343,6 @@ class Connection:
         # request slots of links that are gone: the worker may still write into one (its watch word, a late
         # mark), so each is kept for another thread's requests, never given back to the pool for arrays
         self._spare_request_slots = deque()
-        # the blocks of requests interrupted while they waited (Ctrl-C), by request id: the worker may still
-        # write into them, so they go back to the pool when the reply to that request has come (_answered_late)
-        self._unanswered = {}
         self._cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         try:
             self.capabilities = self._hello()
@@ -446,7 +448,7 @@ class Connection:
         link = self._link()
         link.disconnected()  # forget drops that happened before this request (a reconnected link keeps its name)
         if slot is None:
-            link.drop_copies(self._late_reply if self._unanswered else None)
+            link.drop_copies(self._late_reply if link.unanswered else None)
         else:  # a worker on this host: it may watch for this thread's next request; copies go in _watch
             header["next_slot"] = self._request_slot(link)
         frames = self.session.pack(header, buffers, digests)
@@ -507,7 +509,7 @@ class Connection:
             if held is not None and held.settled(now):
                 held = None
             elif link is not None and link.copies:
-                link.drop_copies(self._late_reply if self._unanswered else None)
+                link.drop_copies(self._late_reply if link.unanswered else None)
             os.sched_yield()
         frames = reply_slot.read(memory)
         try:
@@ -549,7 +551,7 @@ class Connection:
                     return reply
                 # otherwise the late reply of a request given up on, or the ZeroMQ copy of one read from the
                 # pool that came after this request was sent: read on
-                self._answered_late(reply)
+                self._answered_late(link, reply)
                 link.copies = max(0, link.copies - 1)
             if link.events in events and link.disconnected():
                 raise self._lost(f"the connection to the worker at {self.info.address} closed during a {op!r} "
@@ -567,18 +569,19 @@ class Connection:
                 ping_id = self._send_ping(pinger)
 
     def _late_reply(self, frames):
-        """A reply read only to be dropped (:meth:`_Link.drop_copies`): checked, then :meth:`_answered_late`."""
+        """A reply read on this thread's link only to be dropped (:meth:`_Link.drop_copies`), while a request of
+        this thread waits for its late reply: checked, then :meth:`_answered_late`."""
         try:
-            self._answered_late(self.session.unpack(frames))
+            self._answered_late(self._local.link, self.session.unpack(frames))
         except ProtocolError:
             pass
 
-    def _answered_late(self, reply):
-        """``reply`` (header, buffers) came after its request stopped waiting: if that request was interrupted,
-        the worker has written all it will into its blocks by now (the reply goes into its reply slot before
-        it is sent), and they go back to the pool."""
-        if reply is not None and self._unanswered:
-            for block in self._unanswered.pop(reply[0].get("parent"), ()):
+    def _answered_late(self, link, reply):
+        """``reply`` (header, buffers) came on ``link`` after its request stopped waiting: if that request was
+        interrupted, the worker has written all it will into its blocks by now (the reply goes into its reply
+        slot before it is sent), and they go back to the pool."""
+        if reply is not None and link.unanswered:
+            for block in link.unanswered.pop(reply[0].get("parent"), ()):
                 block.release()
 
     def _send_ping(self, sock):
@@ -667,8 +670,10 @@ class Connection:
                 # no reply came (the worker is lost, or a Ctrl-C interrupted the wait): the worker may still
                 # run the request and write into these blocks, so they are not reused until its reply has come
                 # (a lost worker's go with the pool); an error is a reply
-                if not isinstance(exc, WorkerLost) and "id" in header:
-                    self._unanswered[header["id"]] = blocks + ([out] if out is not None else [])
+                held = blocks + ([out] if out is not None else [])
+                link = getattr(self._local, "link", None)  # the thread's: its socket gets the late reply
+                if held and link is not None and not isinstance(exc, WorkerLost) and "id" in header:
+                    link.unanswered[header["id"]] = held
                 raise
             for block in blocks + ([out] if out is not None else []):
                 block.release()

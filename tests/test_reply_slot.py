@@ -787,3 +787,11 @@ def test_a_request_read_from_its_slot_after_a_reconnect_is_answered_on_the_new_c
         header = _answer(connection, link, msg_id, timeout=5.0)
     assert header is not None, "the request read from the slot was answered to the connection that is gone"
     assert header["payload"]["result"] == [7, "seven"] and worker.counts["rung"] == 1
+
+
+def test_the_client_imports_where_sockets_have_no_posix_flags():
+    """Windows has neither MSG_DONTWAIT nor MSG_NOSIGNAL (and rings no doorbell): the client must import there."""
+    script = ("import socket\nfor flag in ('MSG_DONTWAIT', 'MSG_NOSIGNAL'):\n    if hasattr(socket, flag):\n"
+              "        delattr(socket, flag)\nimport sklearn_gpu_bridge.client\nprint('IMPORTED')\n")
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and "IMPORTED" in run.stdout, run.stderr[-2000:]

@@ -403,14 +403,47 @@ def test_warnings_of_requests_that_overlap_on_two_threads_stay_with_their_reques
     assert got == {"A": [("builtins", "RuntimeWarning", "from A")], "B": [("builtins", "RuntimeWarning", "from B")]}
 
 
-def test_a_warning_outside_any_request_is_shown_as_before():
-    """On a thread that runs no request (the worker's own), a warning goes where warnings go, not into a reply."""
+def test_a_warning_outside_any_request_goes_the_processs_way_and_its_filters_come_back(monkeypatch):
+    """While a request runs on one thread, a warning of another thread (the worker's own) goes where the process
+    shows warnings, not into the reply; once no request runs, the process's filters and its way of showing
+    warnings are what they were (a request's "always" is for requests only)."""
     from sklearn_gpu_bridge.worker.caught_warnings import caught_warnings
 
-    with caught_warnings():
-        pass  # installed
-    with pytest.warns(UserWarning, match="not a request's"):
-        warnings.warn("not a request's", UserWarning)
+    shown = []
+
+    def show(message, *rest):
+        shown.append(str(message))
+
+    monkeypatch.setattr(warnings, "showwarning", show)
+    filters = list(warnings.filters)
+    inside, go_on, got = threading.Event(), threading.Event(), []
+
+    def request():
+        with caught_warnings() as caught:
+            inside.set()
+            assert go_on.wait(10)
+            warnings.warn("the request's", UserWarning)
+        got.extend(caught)
+
+    thread = threading.Thread(target=request)
+    thread.start()
+    assert inside.wait(10)
+    warnings.warn("not a request's", UserWarning)
+    go_on.set()
+    thread.join(10)
+    assert shown == ["not a request's"] and got == [("builtins", "UserWarning", "the request's")]
+    assert warnings.filters == filters and warnings.showwarning is show
+
+
+def test_a_request_inside_a_request_on_one_thread_keeps_each_ones_warnings():
+    from sklearn_gpu_bridge.worker.caught_warnings import caught_warnings
+
+    with caught_warnings() as outer:
+        warnings.warn("outer, first", UserWarning)
+        with caught_warnings() as inner:
+            warnings.warn("inner", UserWarning)
+        warnings.warn("outer, after", UserWarning)
+    assert [m for _, _, m in outer] == ["outer, first", "outer, after"] and [m for _, _, m in inner] == ["inner"]
 
 
 def _init_that_waits(mine, theirs, say):

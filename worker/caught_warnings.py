@@ -1,41 +1,56 @@
 """The warnings of a request, caught on the thread that runs it, for its reply.
 
-``warnings.catch_warnings`` swaps state of the whole process (the filters, the function that shows a
-warning) and puts back on exit what it found on entry. The worker runs requests of several clients at once
-on its threads, so two that overlap would swap it under each other: a warning of one request lands in the
-other's reply (another client's), or on the worker's stderr when the other exits first, and the last to exit
-leaves the process showing warnings to a list no one reads. Here one function shows every warning, installed
-once, and hands it to the request running on the thread that warned; elsewhere (the worker's own threads)
-warnings are shown as before, and so are those of threads an estimator starts inside a request (joblib's):
-they go to the worker's stderr, not into the reply. Every warning is shown, as ``simplefilter("always")``
-would: the client warns again with each, under its user's filters.
+``warnings.catch_warnings(record=True)`` swaps state of the whole process (the filters, the function that
+shows a warning) and puts back on exit what it found on entry. The worker runs requests of several clients
+at once on its threads, so two that overlap swapped it under each other: a warning of one request landed in
+the other's reply (another client's), or on the worker's stderr when the other exited first.
+
+Here the state is swapped once for all the requests that run at once: when the first of them starts, every
+warning is shown (``simplefilter("always")``: the client warns again with each, under its user's filters)
+through one function, which hands it to the request running on the thread that warned; when the last of them
+ends, the process's own filters and function are put back. A warning of a thread that runs no request (the
+worker's own, or one that an estimator starts inside a request, such as joblib's) is shown the process's
+way, on the worker's stderr, not put into a reply.
 """
 
 import threading
 import warnings
 from contextlib import contextmanager
 
-_ALWAYS = ("always", None, Warning, None, 0)  # what simplefilter("always") puts first in warnings.filters
 _local = threading.local()
-_shown_before = warnings.showwarning
+_lock = threading.Lock()
+_running = 0  # requests inside caught_warnings now
+_saved = None  # the catch_warnings that holds the process's own state while requests run
+_shown_before = None  # the process's own showwarning, while requests run
 
 
 def _show(message, category, filename, lineno, file=None, line=None):
     caught = getattr(_local, "caught", None)
-    if caught is None:
-        return _shown_before(message, category, filename, lineno, file, line)
+    if caught is None:  # no request on this thread: the process's way (Python's own, should that be this)
+        shown = _shown_before if _shown_before not in (None, _show) else warnings._showwarning_orig
+        return shown(message, category, filename, lineno, file, line)
     caught.append((category.__module__, category.__name__, str(message)))
 
 
 @contextmanager
 def caught_warnings():
     """``[(module, category, message)]`` of the warnings this thread raises inside the block."""
-    if warnings.showwarning is not _show:  # installed at the first request, and again if anyone put theirs back
-        warnings.showwarning = _show
-    if not warnings.filters or warnings.filters[0] != _ALWAYS:
-        warnings.simplefilter("always")
-    _local.caught = found = []
+    global _running, _saved, _shown_before
+    with _lock:
+        if _running == 0:
+            _saved = warnings.catch_warnings()
+            _saved.__enter__()
+            _shown_before = warnings.showwarning
+            warnings.showwarning = _show
+            warnings.simplefilter("always")
+        _running += 1
+    outer, _local.caught = getattr(_local, "caught", None), []
     try:
-        yield found
+        yield _local.caught
     finally:
-        _local.caught = None
+        _local.caught = outer
+        with _lock:
+            _running -= 1
+            if _running == 0:
+                _saved.__exit__(None, None, None)
+                _saved = None
