@@ -221,11 +221,8 @@ class RemoteEstimator(BaseEstimator):
     def _changed(self, own):
         """Of ``own`` (``get_params``), those set away from their defaults: a worker may not ignore them."""
         defaults = _defaults(type(self))
-        try:
-            if own == defaults:  # all at their defaults: one comparison, not one call per parameter
-                return []
-        except Exception:  # noqa: BLE001 - values whose == is no bool (arrays): compared one by one
-            pass
+        if _SCALAR_TYPES.issuperset(map(type, own.values())) and own == defaults:
+            return []  # all plain and at their defaults: one comparison, not one call per parameter
         return [name for name, value in own.items() if name in defaults and not _same(value, defaults[name])]
 
     # ------------------------------------------------------------ calling
