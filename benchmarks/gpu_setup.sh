@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the checkout, after `bash .gpu-wheels/install.sh install`
 # (../shared/gpu/README.md): this project installed beside cuML in /tmp/gpu-site
-# (with the wheels of .gpu-wheels/extra where it was carried: blake3, msgpack, pytest-timeout; Dask's), the trees before a
+# (with the wheels of .gpu-wheels/extra where it was carried: blake3, msgpack, pytest-timeout, py-spy; Dask's), the trees before a
 # change in /tmp/before-site and /tmp/before-NAME-site (where .gpu-wheels/before.tar and
 # before-NAME.tar, `git archive`s, were carried), a client environment without cuML in
 # /tmp/client-site (pyzmq, blake3, msgpack and this project only),

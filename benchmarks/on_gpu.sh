@@ -382,7 +382,9 @@ for stage in "$@"; do
       step 300 "$OUT/pytest-cuml-msgpack.txt" "${PYTEST[@]}" -q -m "not slow" tests/test_protocol.py \
         tests/test_security.py tests/test_fuzz.py tests/test_reply_slot.py ;;
     sampled)  # issue 15, twelfth session: both processes sampled by py-spy while the small cases run after gc.collect()
-      step 200 "$OUT/sampled.txt" python3 benchmarks/sampled.py --backend cuml --seconds ${SECONDS_EACH:-25} \
+      # py-spy: its wheel in .gpu-wheels/extra, installed by gpu_setup.sh into /tmp/gpu-site (its binary in bin/)
+      step 200 "$OUT/sampled.txt" env PATH="/tmp/gpu-site/bin:$PATH" python3 benchmarks/sampled.py --backend cuml \
+        --seconds "${SECONDS_EACH:-25}" \
         --only "StandardScaler fit_transform 5000x20,LogisticRegression fit+predict 5000x20" --out "$OUT/sampled.json" ;;
     table)  # the README's table: every case, three ways, scikit-learn on all cores included
       step 590 "$OUT/e2e-table.txt" python3 benchmarks/e2e.py --parts cases --out "$OUT/e2e-table.json" ;;
