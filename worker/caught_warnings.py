@@ -21,14 +21,13 @@ _local = threading.local()
 _lock = threading.Lock()
 _running = 0  # requests inside caught_warnings now
 _saved = None  # the catch_warnings that holds the process's own state while requests run
-_shown_before = None  # the process's own showwarning, while requests run
+_shown_before = None  # the process's own showwarning, read as the first of the requests starts
 
 
 def _show(message, category, filename, lineno, file=None, line=None):
     caught = getattr(_local, "caught", None)
-    if caught is None:  # no request on this thread: the process's way (Python's own, should that be this)
-        shown = _shown_before if _shown_before not in (None, _show) else warnings._showwarning_orig
-        return shown(message, category, filename, lineno, file, line)
+    if caught is None:  # no request on this thread: the process's way
+        return _shown_before(message, category, filename, lineno, file, line)
     caught.append((category.__module__, category.__name__, str(message)))
 
 

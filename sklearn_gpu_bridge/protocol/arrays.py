@@ -40,7 +40,7 @@ import numpy as np
 
 from ..errors import CacheMiss, ProtocolError
 from ..parallel import all_sums_finite, copy_into
-from .session import buffer_digest, frame_buffer
+from .session import PLAIN_TYPES, buffer_digest, frame_buffer
 
 INLINE_MAX = 64 * 1024  # arrays up to this many bytes travel inside the header
 #: the same where the message has a pool block to put them in: bytes inside the header are signed, and copied
@@ -383,13 +383,10 @@ ENCODERS = {
 }
 
 
-_PLAIN = frozenset({type(None), bool, int, float, str, bytes})
-
-
 def _encoder_for(value):
     kind = type(value)
     write = ENCODERS.get(kind)  # the exact type first: a plain dict, list or ndarray is no sparse matrix
-    if write is not None or kind in _PLAIN:
+    if write is not None or kind in PLAIN_TYPES:
         return write
     if is_sparse(value):  # before the types' bases: a DOK matrix is also a dict
         return Encoder.sparse

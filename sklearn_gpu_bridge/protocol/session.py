@@ -44,7 +44,7 @@ REMEMBER = 1 << 20  # signatures a worker keeps to refuse replays (those older t
 MAX_HEADER = 16 << 20  # bytes: a longer header is refused before its signature is computed
 DIGEST_THREADS_FROM = 1 << 20  # bytes: from this size a buffer is hashed on all cores
 SECOND_WAY_REMEMBERED = 4096  # messages taken from request slots whose ZeroMQ copies may come (most never do)
-PLAIN_TYPES = (type(None), bool, int, float, str, bytes)
+PLAIN_TYPES = frozenset({type(None), bool, int, float, str, bytes})  # exact types only: a subclass is not plain
 TUPLE_EXT = 1  # the msgpack extension type of a tuple (an array reads as a list)
 MAX_TUPLE_DEPTH = 8  # tuples within tuples: each is read by a call of msgpack of its own, on the C stack
 INT_RANGE = (-(1 << 63), 1 << 64)  # the ints msgpack writes: [-2**63, 2**64)
@@ -81,13 +81,13 @@ def to_plain(value):
 def _flat(mapping):
     """Whether a dict maps strings to plain scalars only (ints within msgpack's range): plain as it is."""
     values = mapping.values()
-    if not (_STR.issuperset(map(type, mapping)) and _SCALARS.issuperset(map(type, values))):
+    if not (_STR.issuperset(map(type, mapping)) and PLAIN_TYPES.issuperset(map(type, values))):
         return False
     ints = [v for v in values if type(v) is int]
     return not ints or (INT_RANGE[0] <= min(ints) and max(ints) < INT_RANGE[1])
 
 
-_STR, _SCALARS = frozenset({str}), frozenset(PLAIN_TYPES)
+_STR = frozenset({str})
 
 
 def _packable(value, depth=0):
