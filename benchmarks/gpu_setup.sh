@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the checkout, after `bash .gpu-wheels/install.sh install`
 # (../shared/gpu/README.md): this project installed beside cuML in /tmp/gpu-site
-# (with the wheels of .gpu-wheels/extra where it was carried: blake3, msgpack, pytest-timeout, py-spy; Dask's), the trees before a
+# (with the wheels of .gpu-wheels/extra where it was carried: blake3, msgpack, pytest-timeout; Dask's; py-spy in /tmp/pyspy), the trees before a
 # change in /tmp/before-site and /tmp/before-NAME-site (where .gpu-wheels/before.tar and
 # before-NAME.tar, `git archive`s, were carried), a client environment without cuML in
 # /tmp/client-site (pyzmq, blake3, msgpack and this project only),
@@ -11,7 +11,10 @@ set -euo pipefail
 SITE=/tmp/gpu-site
 PIP=(python3 -m pip install -q --no-deps --no-build-isolation --no-index)
 if [ -d .gpu-wheels/extra ]; then
-  "${PIP[@]}" --target "$SITE" .gpu-wheels/extra/*.whl
+  # py-spy is a binary in bin/, which pip --target does not write into an existing bin/ (cuML's wheels make one)
+  spy=(.gpu-wheels/extra/py_spy-*.whl)
+  [ -f "${spy[0]}" ] && rm -rf /tmp/pyspy && "${PIP[@]}" --target /tmp/pyspy "${spy[@]}"
+  "${PIP[@]}" --target "$SITE" $(ls .gpu-wheels/extra/*.whl | grep -v /py_spy-)
   if [ -d .gpu-wheels/extra/cuda ]; then
     PYTHONPATH=$SITE python3 -c "import cuda.core" 2>/dev/null || "${PIP[@]}" --target "$SITE" .gpu-wheels/extra/cuda/*.whl
   fi

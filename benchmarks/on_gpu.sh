@@ -374,7 +374,7 @@ for stage in "$@"; do
       step 150 "$OUT/heads-up-legs-before.txt" env PYTHONPATH="$BEFORE_SITE:$PYTHONPATH" python3 benchmarks/e2e.py \
         --parts profile --only "$small" --out /tmp/legs.json ;;
     heads-up)  # the same change: the six small cases before (BEFORE_SITE: be17ed8) and after, alternated, ROUNDS
-      ROUNDS=${ROUNDS:-1} alternate heads-up 150 \
+      ROUNDS=${ROUNDS:-1} alternate heads-up 250 \
         "StandardScaler fit_transform 5000x20|LogisticRegression fit+predict 5000x20|SVC(rbf) fit+predict 500x20" ;;
     run-where)  # why cuML's call takes longer in the worker's "ran" step than in process (benchmarks/run_where.py)
       step 400 "$OUT/run-where.txt" python3 benchmarks/run_where.py --repeats "${REPEATS:-40}" --out "$OUT/run-where.json" ;;
@@ -382,8 +382,8 @@ for stage in "$@"; do
       step 300 "$OUT/pytest-cuml-msgpack.txt" "${PYTEST[@]}" -q -m "not slow" tests/test_protocol.py \
         tests/test_security.py tests/test_fuzz.py tests/test_reply_slot.py ;;
     sampled)  # issue 15, twelfth session: both processes sampled by py-spy while the small cases run after gc.collect()
-      # py-spy: its wheel in .gpu-wheels/extra, installed by gpu_setup.sh into /tmp/gpu-site (its binary in bin/)
-      step 200 "$OUT/sampled.txt" env PATH="/tmp/gpu-site/bin:$PATH" python3 benchmarks/sampled.py --backend cuml \
+      # py-spy: its wheel in .gpu-wheels/extra, installed by gpu_setup.sh into /tmp/pyspy (its binary in bin/)
+      step 200 "$OUT/sampled.txt" env PATH="/tmp/pyspy/bin:$PATH" python3 benchmarks/sampled.py --backend cuml \
         --seconds "${SECONDS_EACH:-25}" \
         --only "StandardScaler fit_transform 5000x20,LogisticRegression fit+predict 5000x20" --out "$OUT/sampled.json" ;;
     table)  # the README's table: every case, three ways, scikit-learn on all cores included
