@@ -5,9 +5,14 @@
 ``cuda``: RMM's default (cudaMalloc and cudaFree per array: what cuML does
 unless told otherwise, and what the bridge's worker did before it had the
 ``device_memory`` setting); ``async``: CUDA's stream-ordered pool, as the
-worker sets it now (``worker.backends.use_device_memory``). Each call runs
-under one of them, the ways in turn within a case; an array is freed by the
-resource that allocated it, so switching between calls is safe.
+worker sets it now (``worker.backends.use_device_memory``); ``async, CuPy's
+pool``: the same for cuML's own arrays, and CuPy's arrays from CuPy's
+stream-ordered pool (``cupy.cuda.MemoryAsyncPool``, Cython) instead of
+RMM's ``rmm_cupy_allocator``, which cuML installs at import and which runs
+Python for every CuPy array (thirteenth session: 0.17-0.27 ms a small call
+in the worker's samples, ``results/gpu-h200-1127/sampled.txt``). Each call
+runs under one of them, the ways in turn within a case; an array is freed by
+the resource that allocated it, so switching between calls is safe.
 """
 
 import argparse
@@ -34,9 +39,12 @@ def main():
 
     from sklearn_gpu_bridge.worker.backends import ASYNC_POOL_KEEPS
 
+    from rmm.allocators.cupy import rmm_cupy_allocator
+
     cuml.set_global_output_type("numpy")
-    resources = {"cuda": rmm.mr.CudaMemoryResource(),
-                 "async": rmm.mr.CudaAsyncMemoryResource(release_threshold=ASYNC_POOL_KEEPS)}
+    pooled = rmm.mr.CudaAsyncMemoryResource(release_threshold=ASYNC_POOL_KEEPS)
+    ways = {"cuda": (rmm.mr.CudaMemoryResource(), rmm_cupy_allocator), "async": (pooled, rmm_cupy_allocator),
+            "async, CuPy's pool": (pooled, cupy.cuda.MemoryAsyncPool().malloc)}
     rng = np.random.default_rng(0)
 
     small, tiny, large = labelled(5000, 20, rng), labelled(500, 20, rng), labelled(1_000_000, 50, rng)
@@ -49,18 +57,20 @@ def main():
     }
     rows = {}
     for case, call in cases.items():
-        def under(resource, call=call):
+        def under(resource, allocator, call=call):
             def way():
                 rmm.mr.set_current_device_resource(resource)
+                cupy.cuda.set_allocator(allocator)
                 call()
                 cupy.cuda.runtime.deviceSynchronize()
             return way
 
         repeats = args.repeats if "1M" not in case else max(3, args.repeats // 8)
-        timed = timed_together({name: under(r) for name, r in resources.items()}, repeats)
+        timed = timed_together({name: under(*way) for name, way in ways.items()}, repeats)
         rows[case] = {name: t["median"] * 1e3 for name, t in timed.items()}
         print(f"{case}: " + ", ".join(f"{name} {ms:.3f} ms" for name, ms in rows[case].items())
               + f"; async/cuda {rows[case]['async'] / rows[case]['cuda']:.3f}", flush=True)
+    cupy.cuda.set_allocator(rmm_cupy_allocator)
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"repeats": args.repeats, "median_ms": rows}, f, indent=1)

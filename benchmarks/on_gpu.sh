@@ -386,6 +386,23 @@ for stage in "$@"; do
       step 200 "$OUT/sampled.txt" env PATH="/tmp/pyspy/bin:$PATH" python3 benchmarks/sampled.py --backend cuml \
         --seconds "${SECONDS_EACH:-25}" \
         --only "StandardScaler fit_transform 5000x20,LogisticRegression fit+predict 5000x20" --out "$OUT/sampled.json" ;;
+    finite)  # issue 15, thirteenth session: the scalers say `finite` of an X they found free of NaN; the worker's
+      # cost of cuML's own look (worker_check.py), then the six small cases before (BEFORE_SITE: 9b09ed2) and after
+      step 200 "$OUT/worker-check.txt" python3 benchmarks/worker_check.py --backend cuml --out "$OUT/worker-check.json"
+      ROUNDS=${ROUNDS:-2} alternate finite 250 \
+        "StandardScaler fit_transform 5000x20|LogisticRegression fit+predict 5000x20|SVC(rbf) fit+predict 500x20" ;;
+    small-device-copy)  # the same session, not yet run: every float X copied to the device by the worker (threshold 0)
+      # against the default (8 MiB), in turn: a small fit_transform then converts X once, not in fit and transform
+      small="StandardScaler fit_transform 5000x20|LogisticRegression fit+predict 5000x20|SVC(rbf) fit+predict 500x20"
+      for round in $(seq "${ROUNDS:-2}"); do
+        step 250 "$OUT/small-device-copy.txt" env SKLEARN_GPU_BRIDGE_DEVICE_COPY_MIN_BYTES=0 python3 benchmarks/e2e.py \
+          --parts cases --only "$small" --no-sklearn-large --out "$OUT/e2e-small-device-copy-0-$round.json"
+        step 250 "$OUT/small-device-copy.txt" python3 benchmarks/e2e.py --parts cases --only "$small" \
+          --no-sklearn-large --out "$OUT/e2e-small-device-copy-default-$round.json"
+      done ;;
+    cupy-pool)  # the same session, not yet run: cuML in process with CuPy's arrays from RMM's Python allocator (as cuML
+      # sets it) and from CuPy's own stream-ordered pool, under the worker's device memory, in turn
+      step 250 "$OUT/device-memory-cupy-pool.txt" python3 benchmarks/device_memory.py --out "$OUT/device-memory-cupy-pool.json" ;;
     table)  # the README's table: every case, three ways, scikit-learn on all cores included
       step 590 "$OUT/e2e-table.txt" python3 benchmarks/e2e.py --parts cases --out "$OUT/e2e-table.json" ;;
     grid-njobs)  # the README's n_jobs rows: the grid with the default worker, 3 repeats

@@ -24,6 +24,7 @@ instead: scikit-learn's own validation error, raised before anything is sent.
 """
 
 import re
+import threading
 import traceback
 import warnings
 
@@ -398,8 +399,12 @@ def test_the_worker_looks_for_nan_unless_the_client_says_it_did(connection):
     assert connection.ping()
 
 
-def test_wrappers_say_finite_only_where_their_checks_refused_nan(connection, monkeypatch):
-    """A spy on the real requests (they still go to the worker): which carry ``finite``."""
+def test_wrappers_say_finite_only_where_they_found_no_nan_and_no_inf(connection, monkeypatch):
+    """A spy on the real requests (they still go to the worker): which carry ``finite``. A scaler lets NaN
+    through (as scikit-learn's does), so it says ``finite`` only of an X it found free of NaN; one with NaN
+    is looked at by the worker, and the result is still scikit-learn's (NaN ignored in the statistics)."""
+    from sklearn.preprocessing import StandardScaler
+
     headers = []
     request = connection.request
 
@@ -410,14 +415,49 @@ def test_wrappers_say_finite_only_where_their_checks_refused_nan(connection, mon
     monkeypatch.setattr(connection, "request", spy)
     model = GPULogisticRegression().fit(X0, (X0[:, 0] > 0).astype(int))  # refuses NaN: finite
     model.predict(XT)
-    GPUStandardScaler().fit(X0).transform(XT)  # lets NaN through (as scikit-learn's does): not finite
+    scaler = GPUStandardScaler().fit(X0)  # no NaN in X: finite
+    mutated = XT.copy()
+    scaler.transform(mutated)
+    mutated[0, 0] = np.nan  # the same array, after the transform that found it finite
+    scaler.inverse_transform(mutated)  # checked by check_array (no sum kept): not finite
+    with_nan = XT.copy()
+    with_nan[2, 1] = np.nan
+    scaled = scaler.transform(with_nan)  # NaN: not finite
+    with pytest.raises(ValueError, match="infinity"):  # inf: scikit-learn's error here, nothing sent
+        scaler.transform(np.where(with_nan == with_nan, with_nan, np.inf))
+    GPUStandardScaler().fit(with_nan)  # not finite
     kmeans = GPUKMeans(n_clusters=2, n_init=1, random_state=0).fit(X0)
     kmeans.score(XT, sample_weight=[1.0] * len(XT))  # a weight the wrapper passes on unchecked: not finite
     GPUKMeans(n_clusters=2, init=X0[:2].copy(), n_init=1).fit(X0)  # an array in the parameters: not finite
     said = [(h["op"], h.get("method"), h.get("finite", False)) for h in headers if h["op"] in ("fit", "call")]
-    assert said == [("fit", "fit", True), ("call", "predict", True), ("fit", "fit", False),
-                    ("call", "transform", False), ("fit", "fit", True), ("call", "score", False),
-                    ("fit", "fit", False)]
+    assert said == [("fit", "fit", True), ("call", "predict", True), ("fit", "fit", True),
+                    ("call", "transform", True), ("call", "inverse_transform", False),
+                    ("call", "transform", False), ("fit", "fit", False),
+                    ("fit", "fit", True), ("call", "score", False), ("fit", "fit", False)]
+    expected = StandardScaler().fit(X0).transform(with_nan)
+    assert np.isnan(scaled[2, 1]) and np.allclose(np.delete(scaled.ravel(), 2 * 4 + 1),
+                                                  np.delete(expected.ravel(), 2 * 4 + 1), rtol=1e-5, atol=1e-6)
+
+
+def test_a_scaler_vouches_only_for_the_x_its_own_thread_summed_finite():
+    """What lets a scaler say ``finite`` is this thread's last plain X summed finite: not an X with NaN, not
+    another X, not one another thread checked, not a large X (its check is deferred to the copy)."""
+    from sklearn_gpu_bridge.parallel import PARALLEL_MIN
+
+    scaler, other = GPUStandardScaler(), XT.copy()
+    with_nan = XT.copy()
+    with_nan[0, 0] = np.nan
+    assert scaler._found_finite(scaler._validate(XT))
+    assert not scaler._found_finite(other)  # summed by no one
+    assert not scaler._found_finite(scaler._validate(with_nan))
+    large = np.ones((PARALLEL_MIN // 8 + 8, 1))
+    assert not scaler._found_finite(scaler._validate(large))
+    scaler._validate(XT)
+    seen = []
+    worker = threading.Thread(target=lambda: seen.append(scaler._found_finite(XT)))
+    worker.start()
+    worker.join()
+    assert seen == [False] and scaler._found_finite(XT)  # here it still is
 
 
 def test_a_large_query_turned_sparse_is_checked_before_it_is_sent(connection):
