@@ -112,9 +112,9 @@ class FairQueue:
         with self._ready:
             return sum(len(q) for q in self._queues.values())
 
-    def idle(self):
-        """Whether no request runs or waits (a look without the lock: it may be out of date at once)."""
-        return not self.running and not self._queues
+    def busy(self):
+        """Whether a request runs or waits (a look without the lock: it may be out of date at once)."""
+        return bool(self.running or self._queues)
 
     def close(self, wait=5.0):
         """Drop what waits and end the threads once their requests are done; returns once no thread is in

@@ -464,7 +464,7 @@ class Worker:
             return
         if found is None:
             return
-        self._watch_slot(identity, header, *found, give_way=lambda: not self.queue.idle())
+        self._watch_slot(identity, header, *found, give_way=self.queue.busy)
 
     def _watch_slot(self, identity, header, token, memory, give_way, heads_up=False):
         """Watch the request slot that ``header`` names as ``next_slot`` for ``token`` for up to ``watch_ms``,
@@ -575,7 +575,7 @@ class Worker:
                 elif state != -token:  # nothing there yet: a heads-up (Connection.heads_up); watch for it while
                     self.counts["heads_up"] += 1  # nothing else runs, waits or arrives (as _follow does)
                     queued |= self._watch_slot(identity, slot, token, memory, heads_up=True,
-                                               give_way=lambda: not self.queue.idle() or self._input_waiting())
+                                               give_way=lambda: self.queue.busy() or self._input_waiting())
             except Exception:  # noqa: BLE001 - as in _lead: a message must never stop the reading
                 self.counts["failed"] += 1
                 log.exception("a request read from a request slot could not be handled; dropped it")
