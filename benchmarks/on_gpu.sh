@@ -387,14 +387,17 @@ for stage in "$@"; do
         --seconds "${SECONDS_EACH:-25}" \
         --only "StandardScaler fit_transform 5000x20,LogisticRegression fit+predict 5000x20" --out "$OUT/sampled.json" ;;
     finite)  # issue 15, thirteenth session: the scalers say `finite` of an X they found free of NaN; the worker's
-      # cost of cuML's own look (worker_check.py), then the six small cases before (BEFORE_SITE: 9b09ed2) and after
-      step 200 "$OUT/worker-check.txt" python3 benchmarks/worker_check.py --backend cuml --out "$OUT/worker-check.json"
-      ROUNDS=${ROUNDS:-2} alternate finite 250 \
+      # cost of cuML's own look (worker_check.py), then the six small cases before (BEFORE_SITE: 9b09ed2) and after,
+      # ROUNDS times (default 1: a round is about 300 s; more rounds in calls of their own, FIRST_ROUND=2 ...)
+      step 200 "$OUT/worker-check.txt" python3 benchmarks/worker_check.py --backend cuml --runs 100 \
+        --out "$OUT/worker-check.json"
+      ROUNDS=${ROUNDS:-1} alternate finite 250 \
         "StandardScaler fit_transform 5000x20|LogisticRegression fit+predict 5000x20|SVC(rbf) fit+predict 500x20" ;;
     small-device-copy)  # the same session, not yet run: every float X copied to the device by the worker (threshold 0)
-      # against the default (8 MiB), in turn: a small fit_transform then converts X once, not in fit and transform
+      # against the default (8 MiB), in turn: a small fit_transform then converts X once, not in fit and transform;
+      # ROUNDS (default 1, about 300 s each) numbered from FIRST_ROUND
       small="StandardScaler fit_transform 5000x20|LogisticRegression fit+predict 5000x20|SVC(rbf) fit+predict 500x20"
-      for round in $(seq "${ROUNDS:-2}"); do
+      for round in $(seq "${FIRST_ROUND:-1}" $(( ${FIRST_ROUND:-1} + ${ROUNDS:-1} - 1 ))); do
         step 250 "$OUT/small-device-copy.txt" env SKLEARN_GPU_BRIDGE_DEVICE_COPY_MIN_BYTES=0 python3 benchmarks/e2e.py \
           --parts cases --only "$small" --no-sklearn-large --out "$OUT/e2e-small-device-copy-0-$round.json"
         step 250 "$OUT/small-device-copy.txt" python3 benchmarks/e2e.py --parts cases --only "$small" \

@@ -3,15 +3,18 @@
     python benchmarks/worker_calls.py [--calls 20] [--reply-wait spin] [--out results/cpu-HOST/worker-calls.json]
 
 The worker's side of ``python_calls.py``: after a ``gc.collect()`` every
-function a request runs is fetched from memory again, and counting them is
-exact and the same on every machine. The worker is started with
+function a request runs is fetched from memory again, and a count of them
+does not depend on the machine's noise (a generator's resumptions count as
+calls, and a call that drops a duplicate or rings runs a few more: means
+come out fractional). The worker (scikit-learn's) is started with
 ``count_calls/`` on its path (a ``sitecustomize`` that counts every Python
 call in every thread by a profile hook), the small cases' calls run
 ``--calls`` times each between two signals that start and report its count.
 "The bridge's own" are the calls of functions in this package (reading,
 checking, queueing, decoding, encoding, replying, the backend's wrapping);
-the rest are the estimator's (scikit-learn's here, cuML's on the GPU
-machine) and the standard library's. The looks of the watch for the next
+the rest are the estimator's and the standard library's. (Not for the GPU
+machine as it is: ``count_calls/`` would hide the ``sitecustomize`` that
+cuML's install writes there.) The looks of the watch for the next
 request (``SPINNING``) are left out. Run once per tree (``PYTHONPATH=<the
 other tree's site>``) to compare two.
 """
@@ -39,7 +42,7 @@ ROOTS = tuple(str(Path(module.__file__).resolve().parent) + os.sep
 
 #: what the worker calls once per look while it watches a request slot for the client's next request (the
 #: watch's give-way checks): how often is the client's time, not the request's (as python_calls.py's SPINNING)
-SPINNING = ("scheduler.py:", "(busy)"), ("server.py:", "(_input_waiting)"), ("server.py:", "(<lambda>)")
+SPINNING = ("scheduler.py:", "(busy)"), ("server.py:", "(_reader_gives_way)"), ("server.py:", "(_input_waiting)")
 
 
 def own_name(key):

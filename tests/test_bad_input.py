@@ -435,8 +435,9 @@ def test_wrappers_say_finite_only_where_they_found_no_nan_and_no_inf(connection,
                     ("call", "transform", False), ("fit", "fit", False),
                     ("fit", "fit", True), ("call", "score", False), ("fit", "fit", False)]
     expected = StandardScaler().fit(X0).transform(with_nan)
-    assert np.isnan(scaled[2, 1]) and np.allclose(np.delete(scaled.ravel(), 2 * 4 + 1),
-                                                  np.delete(expected.ravel(), 2 * 4 + 1), rtol=1e-5, atol=1e-6)
+    where = np.ravel_multi_index((2, 1), with_nan.shape)
+    assert np.isnan(scaled[2, 1]) and np.allclose(np.delete(scaled.ravel(), where), np.delete(expected.ravel(), where),
+                                                  rtol=1e-5, atol=1e-6)
 
 
 def test_a_scaler_vouches_only_for_the_x_its_own_thread_summed_finite():
@@ -451,7 +452,8 @@ def test_a_scaler_vouches_only_for_the_x_its_own_thread_summed_finite():
     assert not scaler._found_finite(other)  # summed by no one
     assert not scaler._found_finite(scaler._validate(with_nan))
     large = np.ones((PARALLEL_MIN // 8 + 8, 1))
-    assert not scaler._found_finite(scaler._validate(large))
+    assert not scaler._found_finite(scaler._validate(large))  # the deferred check's view
+    assert not scaler._found_finite(large)  # nor the array itself: not summed (its check runs in the copy)
     scaler._validate(XT)
     seen = []
     worker = threading.Thread(target=lambda: seen.append(scaler._found_finite(XT)))

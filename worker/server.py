@@ -575,11 +575,15 @@ class Worker:
                 elif state != -token:  # nothing there yet: a heads-up (Connection.heads_up); watch for it while
                     self.counts["heads_up"] += 1  # nothing else runs, waits or arrives (as _follow does)
                     queued |= self._watch_slot(identity, slot, token, memory, heads_up=True,
-                                               give_way=lambda: self.queue.busy() or self._input_waiting())
+                                               give_way=self._reader_gives_way)
             except Exception:  # noqa: BLE001 - as in _lead: a message must never stop the reading
                 self.counts["failed"] += 1
                 log.exception("a request read from a request slot could not be handled; dropped it")
         return queued
+
+    def _reader_gives_way(self):
+        """A heads-up's watch, on the reader's thread, gives way to any other request and to any input."""
+        return self.queue.busy() or self._input_waiting()
 
     def _input_waiting(self):
         """Whether a message or a ring waits for the reader: a watch on the reader's thread gives way to it."""

@@ -187,7 +187,7 @@ class RemoteEstimator(BaseEstimator):
         if self._refuses_nan():
             return True
         found = getattr(_summed_finite, "X", None)
-        return y is None and found is not None and found() is X
+        return X is not None and y is None and found is not None and found() is X
 
     def _fit_prepared(self, method, X, y, fit_kwargs, finite=False):
         """Fit on the worker; ``finite``: X, y and the fit's arrays were checked for NaN and inf here
