@@ -31,8 +31,7 @@ import sklearn_gpu_bridge
 import sklearn_gpu_bridge.shm
 import sklearn_gpu_bridge.worker
 from client_checks import report
-from client_legs import SMALL, calls_of
-from e2e import CASES, bridged_to_new_worker
+from client_legs import over_small_calls
 
 HOOK = Path(__file__).resolve().parent / "count_calls"
 #: where the bridge's own code lies (the worker's and the pool's packages are folders of their own in a checkout)
@@ -72,28 +71,22 @@ def main():
     parser.add_argument("--out")
     args = parser.parse_args()
     file = Path(tempfile.mkdtemp(prefix="sgb-calls-")) / "counts.json"
-    os.environ["SKLEARN_GPU_BRIDGE_COUNT_CALLS"] = str(file)
+    os.environ["SKLEARN_GPU_BRIDGE_COUNT_CALLS"] = str(file)  # the worker that over_small_calls starts inherits
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HOOK), os.environ.get("PYTHONPATH")]))
-    worker = bridged_to_new_worker("sklearn", reply_wait=args.reply_wait)
-    per_call = {}
-    try:
-        for case in (case for case in CASES if case.name in SMALL):
-            for name, call in calls_of(case):
-                for _ in range(20):
-                    call()
-                signalled(worker.pid, signal.SIGUSR1, file)
-                for _ in range(args.calls):
-                    call()
-                counts = signalled(worker.pid, signal.SIGUSR2, file)
-                counts = {key: n for key, n in counts.items()
-                          if not any(where in key and key.endswith(name) for where, name in SPINNING)}
-                own = {own_name(key): n / args.calls for key, n in counts.items() if own_name(key)}
-                per_call[name] = {"python calls": sum(counts.values()) / args.calls,
-                                  "the bridge's own": sum(own.values()), "the bridge's functions": len(own),
-                                  "the bridge's, most called": dict(sorted(own.items(), key=lambda kv: -kv[1])[:15])}
-    finally:
-        sklearn_gpu_bridge.reset_connection()
-        worker.stop()
+
+    def measure(name, call):
+        pid = sklearn_gpu_bridge.get_connection().status()["pid"]
+        signalled(pid, signal.SIGUSR1, file)
+        for _ in range(args.calls):
+            call()
+        counts = {key: n for key, n in signalled(pid, signal.SIGUSR2, file).items()
+                  if not any(where in key and key.endswith(function) for where, function in SPINNING)}
+        own = {own_name(key): n / args.calls for key, n in counts.items() if own_name(key)}
+        return {"python calls": sum(counts.values()) / args.calls, "the bridge's own": sum(own.values()),
+                "the bridge's functions": len(own),
+                "the bridge's, most called": dict(sorted(own.items(), key=lambda kv: -kv[1])[:15])}
+
+    per_call = over_small_calls("sklearn", args.reply_wait, measure)
     report({"reply_wait": args.reply_wait, "bridge": sklearn_gpu_bridge.__file__, "calls": args.calls,
             "per call": per_call}, args.out)
 

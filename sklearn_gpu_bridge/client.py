@@ -145,7 +145,7 @@ class _Link:
         self.copies = 0  # ZeroMQ copies of replies already read from the pool, not yet dropped
         # the blocks of this thread's requests interrupted while they waited (Ctrl-C), by request id: the worker
         # may still write into them, so they go back to the pool when the reply to that request has come here
-        # (Connection._answered_late); until then each reply dropped unread is checked for it
+        # (answered_late); until then each reply dropped unread is checked for it
         self.unanswered = {}
         self.request_slot = None  # a pool block this thread keeps (allocated at its first announcement)
         self.next_token = None  # what the worker watches the request slot for after the last reply, if it does
@@ -174,16 +174,27 @@ class _Link:
         self.socket.send_multipart(frames, copy=False)
         return None
 
-    def drop_copies(self, late=None):
+    def drop_copies(self, unpack):
         """Drop, unread, the ZeroMQ copies of replies taken from the pool that have come (between two
         requests of this thread nothing else can be waiting: a late reply of a request given up on is dropped
-        with them, as :meth:`Connection._await` would). ``late(frames)``: each is read by it first (a request
-        of this process was interrupted, and its blocks wait for its reply)."""
+        with them, as :meth:`Connection._await` would). While an interrupted request's blocks wait for its
+        reply, each is read (``unpack``: the session's) for :meth:`answered_late` first."""
         while self.copies and _readable(self.socket):
             frames = self.socket.recv_multipart(copy=False)
-            if late is not None:
-                late(frames)
+            if self.unanswered:
+                try:
+                    self.answered_late(unpack(frames))
+                except ProtocolError:
+                    pass
             self.copies -= 1
+
+    def answered_late(self, reply):
+        """``reply`` (header, buffers, or None) came after its request stopped waiting: if that request was
+        interrupted, the worker has written all it will into its blocks by now (the reply goes into its reply
+        slot before it is sent), and they go back to the pool."""
+        if reply is not None and self.unanswered:
+            for block in self.unanswered.pop(reply[0].get("parent"), ()):
+                block.release()
 
     def disconnected(self):
         """Whether, since the last look, the connection dropped or a reconnect found nobody listening.
@@ -448,7 +459,7 @@ class Connection:
         link = self._link()
         link.disconnected()  # forget drops that happened before this request (a reconnected link keeps its name)
         if slot is None:
-            link.drop_copies(self._late_reply if link.unanswered else None)
+            link.drop_copies(self.session.unpack)
         else:  # a worker on this host: it may watch for this thread's next request; copies go in _watch
             header["next_slot"] = self._request_slot(link)
         frames = self.session.pack(header, buffers, digests)
@@ -509,7 +520,7 @@ class Connection:
             if held is not None and held.settled(now):
                 held = None
             elif link is not None and link.copies:
-                link.drop_copies(self._late_reply if link.unanswered else None)
+                link.drop_copies(self.session.unpack)
             os.sched_yield()
         frames = reply_slot.read(memory)
         try:
@@ -551,7 +562,7 @@ class Connection:
                     return reply
                 # otherwise the late reply of a request given up on, or the ZeroMQ copy of one read from the
                 # pool that came after this request was sent: read on
-                self._answered_late(link, reply)
+                link.answered_late(reply)
                 link.copies = max(0, link.copies - 1)
             if link.events in events and link.disconnected():
                 raise self._lost(f"the connection to the worker at {self.info.address} closed during a {op!r} "
@@ -567,22 +578,6 @@ class Connection:
                 if pinger not in dict(poller.sockets):
                     poller.register(pinger, zmq.POLLIN)
                 ping_id = self._send_ping(pinger)
-
-    def _late_reply(self, frames):
-        """A reply read on this thread's link only to be dropped (:meth:`_Link.drop_copies`), while a request of
-        this thread waits for its late reply: checked, then :meth:`_answered_late`."""
-        try:
-            self._answered_late(self._local.link, self.session.unpack(frames))
-        except ProtocolError:
-            pass
-
-    def _answered_late(self, link, reply):
-        """``reply`` (header, buffers) came on ``link`` after its request stopped waiting: if that request was
-        interrupted, the worker has written all it will into its blocks by now (the reply goes into its reply
-        slot before it is sent), and they go back to the pool."""
-        if reply is not None and link.unanswered:
-            for block in link.unanswered.pop(reply[0].get("parent"), ()):
-                block.release()
 
     def _send_ping(self, sock):
         ping_id = new_id()

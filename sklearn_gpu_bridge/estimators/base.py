@@ -47,6 +47,7 @@ from ..config import get_setting
 from ..errors import WorkerUnavailable
 from ..parallel import PARALLEL_MIN
 from ..protocol.arrays import defer_finite_check
+from ..protocol.session import PLAIN_TYPES
 
 _STATE_KEYS = ("_remote", "_sklearn_model", "_backend_state")
 # Set locally by validation; the remote model's copies are never consulted (and
@@ -163,8 +164,7 @@ class RemoteEstimator(BaseEstimator):
     def _fit_remote(self, method, X, y=None, sample_weight=None, **fit_kwargs):
         """Validate as scikit-learn does, fit on the worker, keep the handle."""
         _heads_up(X)
-        _summed_finite.X = None  # _found_finite vouches only for an X validated in this call
-        X, y = self._validate_fit(X, y)
+        X, y = self._validate_fit(X, y)  # through _validate, which writes the record _found_finite reads
         if self._records_n_samples:
             self.n_samples_fit_ = X.shape[0]
         if sample_weight is not None:
@@ -180,9 +180,11 @@ class RemoteEstimator(BaseEstimator):
         """Whether X (and y), validated here, are known to hold no NaN and no inf, so the worker need not look.
 
         A class whose check refuses both knows it. One that lets NaN through (the scalers, as scikit-learn's
-        do) knows it of an X whose sum :func:`_plain_validation` found finite, and of no other: cuML's own look
-        on the worker is a kernel and a wait for its answer, twice in a ``fit_transform`` (0.38 ms a
-        StandardScaler call after a ``gc.collect()`` on the H200, ``results/gpu-h200-1127/sampled.txt``).
+        do) knows it of the X whose sum :func:`_plain_validation` found finite in this thread's last
+        ``_validate`` (each writes the record; ``_call_remote`` clears it where it checks X otherwise), and
+        of no other: cuML's own look on the worker is a kernel and a wait for its answer, twice in a
+        ``fit_transform`` (0.38 ms a StandardScaler call after a ``gc.collect()`` on the H200,
+        ``results/gpu-h200-1127/sampled.txt``).
         """
         if self._refuses_nan():
             return True
@@ -258,7 +260,7 @@ class RemoteEstimator(BaseEstimator):
         if not self.__sklearn_is_fitted__():
             check_is_fitted(self)  # its error, in its words
         _heads_up(X)
-        _summed_finite.X = None  # as in _fit_remote: an X checked by check_array below is not vouched for
+        _summed_finite.X = None  # an X checked by check_array below (not _validate) is not vouched for
         if X is _NO_X or X is None:
             args = []
             if X is None:
@@ -480,7 +482,7 @@ def _same(a, b):
         return a is b
 
 
-_SCALAR_TYPES = frozenset({type(None), bool, int, float, str})
+_SCALAR_TYPES = PLAIN_TYPES - {bytes}  # what the wire's plain types hold but bytes: scikit-learn's scalars
 
 
 def _scalars(values):
