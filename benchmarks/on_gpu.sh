@@ -406,6 +406,18 @@ for stage in "$@"; do
     cupy-pool)  # the same session, not yet run: cuML in process with CuPy's arrays from RMM's Python allocator (as cuML
       # sets it) and from CuPy's own stream-ordered pool, under the worker's device memory, in turn
       step 250 "$OUT/device-memory-cupy-pool.txt" python3 benchmarks/device_memory.py --out "$OUT/device-memory-cupy-pool.json" ;;
+    cupy-alloc)  # issue 15, fourteenth session: the worker's CuPy arrays from CuPy's own stream-ordered allocator
+      # (device_memory async-cupy) against RMM's Python one (async, the default), the six small cases in turn, ROUNDS
+      small="StandardScaler fit_transform 5000x20|LogisticRegression fit+predict 5000x20|SVC(rbf) fit+predict 500x20"
+      for round in $(seq "${FIRST_ROUND:-1}" $(( ${FIRST_ROUND:-1} + ${ROUNDS:-1} - 1 ))); do
+        step 250 "$OUT/cupy-alloc.txt" env SKLEARN_GPU_BRIDGE_WORKER_DEVICE_MEMORY=async-cupy python3 benchmarks/e2e.py \
+          --parts cases --only "$small" --no-sklearn-large --out "$OUT/e2e-cupy-alloc-async-cupy-$round.json"
+        step 250 "$OUT/cupy-alloc.txt" python3 benchmarks/e2e.py --parts cases --only "$small" \
+          --no-sklearn-large --out "$OUT/e2e-cupy-alloc-async-$round.json"
+      done ;;
+    fresh-tests)  # the same session: the cuML tests of the worker's allocators and of bad input (the scalers' finite)
+      step 200 "$OUT/pytest-cuml-fresh.txt" "${PYTEST[@]}" -q -rfEs --tb=short tests/test_bad_input.py \
+        tests/test_worker.py ;;
     table)  # the README's table: every case, three ways, scikit-learn on all cores included
       step 590 "$OUT/e2e-table.txt" python3 benchmarks/e2e.py --parts cases --out "$OUT/e2e-table.json" ;;
     grid-njobs)  # the README's n_jobs rows: the grid with the default worker, 3 repeats

@@ -75,7 +75,7 @@ DEFAULTS = {
 }
 
 #: the values of the worker setting ``device_memory`` (worker.backends.use_device_memory)
-DEVICE_MEMORY_KINDS = ("async", "cuda")
+DEVICE_MEMORY_KINDS = ("async", "async-cupy", "cuda")
 
 WORKER_DEFAULTS = {
     # where to listen: "ipc" (a socket in this user's private folder: clients on this host), a loopback
@@ -86,7 +86,8 @@ WORKER_DEFAULTS = {
     # auto (cuML when importable, else scikit-learn on the CPU) | cuml | sklearn
     "backend": "auto",
     # how a cuML worker allocates device memory: "async" (CUDA's stream-ordered pool, cudaMallocAsync, as
-    # dask-cuda's --rmm-async: a freed array is reused without waiting for the device) | "cuda" (cudaMalloc and
+    # dask-cuda's --rmm-async: a freed array is reused without waiting for the device) | "async-cupy" (the same,
+    # and CuPy's arrays from CuPy's own stream-ordered allocator, not RMM's Python one) | "cuda" (cudaMalloc and
     # cudaFree per array, cuML's default; cudaFree waits for the whole device)
     "device_memory": "async",
     # milliseconds a worker thread watches a request slot after its reply, for a client on this host that spins

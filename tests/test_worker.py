@@ -276,14 +276,18 @@ def test_a_worker_closed_from_another_thread_stops_serving_and_closes_once(tmp_p
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kind, resource", [("async", "CudaAsyncMemoryResource"), ("cuda", "CudaMemoryResource")])
-def test_a_cuml_worker_allocates_device_memory_as_its_setting_says(tmp_path, worker, kind, resource):
+@pytest.mark.parametrize("kind, resource, cupy_allocator", [
+    ("async", "CudaAsyncMemoryResource", "rmm_cupy_allocator"),
+    ("async-cupy", "CudaAsyncMemoryResource", "MemoryAsyncPool.malloc"),
+    ("cuda", "CudaMemoryResource", "rmm_cupy_allocator"),
+])
+def test_a_cuml_worker_allocates_device_memory_as_its_setting_says(tmp_path, worker, kind, resource, cupy_allocator):
     X = np.random.default_rng(0).standard_normal((5000, 20))
     process = WorkerProcess(tmp_path, device_memory=kind)
     try:
         use_worker(process)
         versions = sklearn_gpu_bridge.get_connection().status()["versions"]
-        assert versions["device_memory"] == resource
+        assert (versions["device_memory"], versions["cupy_allocator"]) == (resource, cupy_allocator)
         assert_same(GPUStandardScaler().fit_transform(X), StandardScaler().fit_transform(X))
     finally:
         sklearn_gpu_bridge.reset_connection()
@@ -310,7 +314,7 @@ def test_a_workers_watch_is_set_by_its_option_or_its_environment_variable(tmp_pa
 
 
 @pytest.mark.parametrize("option, value, message", [
-    ("--device-memory", "pool", "'pool' is not one of 'async', 'cuda'"),
+    ("--device-memory", "pool", "'pool' is not one of 'async', 'async-cupy', 'cuda'"),
     ("--watch-ms", "-1", "-1.0 is not in the range x>=0"),
     ("--watch-ms", "nan", "watch_ms must be a number of milliseconds from 0 to 60000, not nan"),
     ("--watch-ms", "inf", "watch_ms must be a number of milliseconds from 0 to 60000, not inf"),
@@ -331,7 +335,7 @@ def test_a_bad_setting_is_refused_before_the_worker_starts(tmp_path, option, val
 def test_an_unknown_device_memory_setting_is_an_error_not_a_fallback_to_the_cpu(backend):
     from sklearn_gpu_bridge.worker.backends import make_backend
 
-    with pytest.raises(ValueError, match="device_memory must be one of async, cuda, not 'pool'"):
+    with pytest.raises(ValueError, match="device_memory must be one of async, async-cupy, cuda, not 'pool'"):
         make_backend(backend, device_memory="pool")
 
 
@@ -357,6 +361,31 @@ def test_a_gpu_without_memory_pools_keeps_cumls_allocator_and_says_so(monkeypatc
         use_device_memory("async")
     assert made == []
     assert "CUDA's stream-ordered pool is not usable here (RuntimeError: cudaErrorNotSupported" in caplog.text
+
+
+def test_a_cupy_without_its_own_stream_ordered_allocator_keeps_rmms_and_says_so(monkeypatch, caplog):
+    """``async-cupy`` where CuPy cannot make its own stream-ordered pool (an older driver, HIP): RMM's resource is
+    still set, CuPy's arrays keep coming through RMM's allocator, and the log says why (stand-ins as above)."""
+    made, allocators = [], []
+
+    def refused(pool):
+        raise RuntimeError("cudaErrorNotSupported: memory pools are not supported on this device")
+
+    runtime = types.SimpleNamespace(deviceGetDefaultMemPool=lambda device: 1234,
+                                    memPoolSetAttribute=lambda pool, attribute, value: None)
+    fake_cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(
+        Device=lambda: types.SimpleNamespace(id=0, mem_info=(8 << 30, 16 << 30)), runtime=runtime,
+        MemoryAsyncPool=refused, set_allocator=allocators.append))
+    fake_rmm = types.SimpleNamespace(mr=types.SimpleNamespace(CudaAsyncMemoryResource=lambda **kwargs: kwargs,
+                                                              set_current_device_resource=made.append))
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
+    monkeypatch.setitem(sys.modules, "rmm", fake_rmm)
+    from sklearn_gpu_bridge.worker.backends import use_device_memory
+
+    with caplog.at_level("WARNING", logger="sklearn_gpu_bridge.worker.backends"):
+        use_device_memory("async-cupy")
+    assert made == [{"release_threshold": 1 << 30}] and allocators == []
+    assert "CuPy's stream-ordered allocator is not usable here (RuntimeError: cudaErrorNotSupported" in caplog.text
 
 
 # ---------------------------------------------------------------- warnings of requests that run at once
