@@ -5,9 +5,10 @@
 ``cuda``: RMM's default (cudaMalloc and cudaFree per array: what cuML does
 unless told otherwise, and what the bridge's worker did before it had the
 ``device_memory`` setting); ``async``: CUDA's stream-ordered pool, as the
-worker sets it now (``worker.backends.use_device_memory``); ``async, CuPy's
-pool``: the same for cuML's own arrays, and CuPy's arrays from CuPy's
-stream-ordered pool (``cupy.cuda.MemoryAsyncPool``, Cython) instead of
+worker's setting "async" sets it (``worker.backends.use_device_memory``);
+``async, CuPy's pool``: the same for cuML's own arrays, and CuPy's arrays
+from CuPy's stream-ordered pool (``cupy.cuda.MemoryAsyncPool``, Cython; the
+worker's default "async-cupy" since the fourteenth session) instead of
 RMM's ``rmm_cupy_allocator``, which cuML installs at import and which runs
 Python for every CuPy array (thirteenth session: 0.17-0.27 ms a small call
 in the worker's samples, ``results/gpu-h200-1127/sampled.txt``). Each call

@@ -28,9 +28,9 @@ def main():
 W = WORKER_DEFAULTS
 _device_memory_option = click.option(
     "--device-memory", default=W["device_memory"], type=click.Choice(DEVICE_MEMORY_KINDS),
-    help="How a cuML worker allocates device memory: async (CUDA's stream-ordered pool, as dask-cuda's "
-         "--rmm-async), async-cupy (the same, and CuPy's arrays from CuPy's own stream-ordered allocator) or "
-         "cuda (cudaMalloc and cudaFree per array, cuML's default).")
+    help="How a cuML worker allocates device memory: async-cupy (CUDA's stream-ordered pool, as dask-cuda's "
+         "--rmm-async, and CuPy's arrays from CuPy's own stream-ordered allocator), async (the same pool, CuPy's "
+         "arrays through RMM) or cuda (cudaMalloc and cudaFree per array, cuML's default).")
 
 
 @main.command(short_help="Run a worker in this process, in the foreground.")

@@ -85,11 +85,12 @@ WORKER_DEFAULTS = {
     "port": 0,
     # auto (cuML when importable, else scikit-learn on the CPU) | cuml | sklearn
     "backend": "auto",
-    # how a cuML worker allocates device memory: "async" (CUDA's stream-ordered pool, cudaMallocAsync, as
-    # dask-cuda's --rmm-async: a freed array is reused without waiting for the device) | "async-cupy" (the same,
-    # and CuPy's arrays from CuPy's own stream-ordered allocator, not RMM's Python one) | "cuda" (cudaMalloc and
+    # how a cuML worker allocates device memory: "async-cupy" (CUDA's stream-ordered pool, cudaMallocAsync, as
+    # dask-cuda's --rmm-async: a freed array is reused without waiting for the device; CuPy's arrays from CuPy's
+    # own stream-ordered allocator, not RMM's Python one: 0.2-0.3 ms less a small call in process, H200,
+    # results/gpu-h200-1127b/) | "async" (the same pool, CuPy's arrays through RMM) | "cuda" (cudaMalloc and
     # cudaFree per array, cuML's default; cudaFree waits for the whole device)
-    "device_memory": "async",
+    "device_memory": "async-cupy",
     # milliseconds a worker thread watches a request slot after its reply, for a client on this host that spins
     # for its replies, while no other request runs or waits; then it sleeps until the client rings (0: at once).
     # A fit+predict pair's second call comes within a millisecond. 200 (LLVM OpenMP's KMP_BLOCKTIME) was measured

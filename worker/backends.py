@@ -64,7 +64,8 @@ ASYNC_POOL_KEEPS = 1 << 30
 
 
 def use_device_memory(kind):
-    """How this process allocates device memory for cuML and CuPy: ``"async"`` or ``"cuda"`` (leave it).
+    """How this process allocates device memory for cuML and CuPy: ``"async-cupy"``, ``"async"`` or ``"cuda"``
+    (leave it).
 
     cuML and CuPy allocate through RMM, whose default calls cudaMalloc and cudaFree for every array, and
     cudaFree waits for the whole device. A small call allocates and frees dozens of arrays (StandardScaler
@@ -72,8 +73,9 @@ def use_device_memory(kind):
     ``results/gpu-h200-1125f/thread-penalty.txt``). ``"async"``: CUDA's stream-ordered allocator
     (cudaMallocAsync), as dask-cuda's ``--rmm-async`` sets it: freed memory is reused without waiting for
     the device, and what the pool holds beyond :data:`ASYNC_POOL_KEEPS` goes back at the next
-    synchronization. Only the worker's own process is set so: a user's process (``InProcess``, a Dask
-    worker) keeps what its owner chose.
+    synchronization. ``"async-cupy"`` (the default): the same, and CuPy's arrays from CuPy's own
+    stream-ordered allocator (:func:`_cupy_allocates_itself`). Only the worker's own process is set so: a
+    user's process (``InProcess``, a Dask worker) keeps what its owner chose.
     """
     _check_device_memory(kind)
     if kind not in ("async", "async-cupy"):
