@@ -56,6 +56,7 @@ from .protocol import (
 )
 from .protocol import reply_slot
 from .protocol.arrays import is_sparse
+from .protocol.session import message_waits
 from .shm import Pool
 from .transport_choice import client_transport
 
@@ -68,16 +69,6 @@ ALIGN = 64  # reply arrays start on this boundary inside the output block
 SPIN_SECONDS = 0.01  # a call watches its reply slot this long, then sleeps on the socket
 SPIN_MIN_CPUS = 4  # "auto" spins only on hosts with at least this many cores (the worker's threads need some)
 REPLY_WAITS = ("auto", "spin", "sleep")
-# a socket's events as plain ints: ``Socket.poll`` builds a Poller, and pyzmq's flags are enums, whose operators
-# are Python code; a look between two requests needs neither
-_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
-
-
-def _readable(sock):
-    """Whether a message waits on ``sock`` (ZMQ_EVENTS; ``Socket.poll(0)`` without its Python)."""
-    return sock.getsockopt(_EVENTS) & _POLLIN
-
-
 PRECISIONS = ("float32", "native")
 
 
@@ -179,7 +170,7 @@ class _Link:
         requests of this thread nothing else can be waiting: a late reply of a request given up on is dropped
         with them, as :meth:`Connection._await` would). While an interrupted request's blocks wait for its
         reply, each is read (``unpack``: the session's) for :meth:`answered_late` first."""
-        while self.copies and _readable(self.socket):
+        while self.copies and message_waits(self.socket):
             frames = self.socket.recv_multipart(copy=False)
             if self.unanswered:
                 try:
@@ -203,7 +194,7 @@ class _Link:
         between two requests is known within that, not after a heartbeat timeout.
         """
         dropped = False
-        while _readable(self.events):
+        while message_waits(self.events):
             event = recv_monitor_message(self.events)
             dropped |= event["event"] in (zmq.EVENT_DISCONNECTED, zmq.EVENT_CONNECT_RETRIED)
         return dropped
@@ -628,8 +619,9 @@ class Connection:
 
     def _request(self, header, payload, blobs, out_nbytes, reuse):
         blocks = []
-        place = None
-        if self.pool is not None:
+        if self.pool is None:
+            place = None
+        else:
             header["pool"] = self.pool.name
 
             def place(nbytes):

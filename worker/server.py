@@ -72,7 +72,7 @@ from sklearn_gpu_bridge.protocol import (
     to_plain,
 )
 from sklearn_gpu_bridge.protocol import reply_slot
-from sklearn_gpu_bridge.protocol.session import Duplicate, StaleMessage
+from sklearn_gpu_bridge.protocol.session import Duplicate, StaleMessage, message_waits
 from sklearn_gpu_bridge.shm import default_directory
 
 from .cache import ArrayCache
@@ -94,7 +94,6 @@ HANDSHAKE_SECONDS = 5  # a connection that has not authenticated by then is clos
 MAX_READ_IN_TURN = 64  # messages the reading thread reads before it looks at its clock (sweeps)
 MAX_ARMED = 1024  # request slots armed for the doorbell at once (a client has one per thread); the oldest go
 ARMED_SECONDS = 600.0  # an armed slot that no ring has named for this long goes (its thread is idle or gone)
-_POLLIN = int(zmq.POLLIN)  # an int: an enum flag's & is Python code, run at every look at the socket
 RINGS_IN_TURN = 256  # rings the reading thread takes in one turn before it looks at its socket again
 MAX_WATCH_MS = 60_000.0  # a longer watch of a request slot is refused (see config.WORKER_DEFAULTS["watch_ms"])
 #: a file name: the work of every request is profiled and the stats written there at exit (diagnosis)
@@ -326,7 +325,7 @@ class Worker:
                 drained = True
                 for _ in range(MAX_READ_IN_TURN):
                     with self._router_lock:
-                        if self.router.closed or not self.router.getsockopt(zmq.EVENTS) & _POLLIN:
+                        if self.router.closed or not message_waits(self.router):
                             break
                         try:
                             if self._receive():
@@ -588,7 +587,7 @@ class Worker:
     def _input_waiting(self):
         """Whether a message or a ring waits for the reader: a watch on the reader's thread gives way to it."""
         with self._router_lock:
-            if self.router.closed or self.router.getsockopt(zmq.EVENTS) & _POLLIN:
+            if self.router.closed or message_waits(self.router):
                 return True
         return bool(self._bell_waiting.poll(0))
 
@@ -609,7 +608,7 @@ class Worker:
             if self.router.closed:
                 return  # stopped while this request ran: the client is told by the closed connection
             self.router.send_multipart([identity, *frames], copy=False)
-            waiting = self.router.getsockopt(zmq.EVENTS) & _POLLIN
+            waiting = message_waits(self.router)
         if waiting and not getattr(self._local, "leading", False):
             self._wake()
 

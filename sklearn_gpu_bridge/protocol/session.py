@@ -36,6 +36,7 @@ from collections import Counter, deque
 import blake3
 import msgpack
 import numpy as np
+import zmq
 
 from ..errors import ProtocolError
 
@@ -49,6 +50,16 @@ TUPLE_EXT = 1  # the msgpack extension type of a tuple (an array reads as a list
 MAX_TUPLE_DEPTH = 8  # tuples within tuples: each is read by a call of msgpack of its own, on the C stack
 INT_RANGE = (-(1 << 63), 1 << 64)  # the ints msgpack writes: [-2**63, 2**64)
 NOT_SCALARS = (np.datetime64, np.timedelta64, np.void)  # numpy values whose .item() is no plain value, or not one
+
+
+# a socket's events as plain ints: pyzmq's flags are enums, whose ``&`` is Python code, and ``Socket.poll``
+# builds a Poller; a look at a socket between two requests needs neither
+_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
+
+
+def message_waits(sock):
+    """Whether a message waits on ``sock``: its ZMQ_EVENTS, read as ``Socket.poll(0)`` would, without its Python."""
+    return sock.getsockopt(_EVENTS) & _POLLIN
 
 
 def new_id():
