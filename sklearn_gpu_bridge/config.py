@@ -2,8 +2,10 @@
 
 Client settings work as scikit-learn's do: ``set_config`` / ``config_context``
 in Python, else the environment variable ``SKLEARN_GPU_BRIDGE_<NAME>``
-(upper case), else :data:`DEFAULTS`. A child process started by joblib
-inherits the environment, which is how it finds the same worker as its parent.
+(upper case), else :data:`DEFAULTS`; but they are the process's, not each
+thread's, so that the threads of a search see what its caller set. A child
+process started by joblib inherits the environment, which is how it finds the
+same worker as its parent.
 
 Worker settings (:data:`WORKER_DEFAULTS`) are the keyword arguments of
 ``Worker`` and the options of ``sklearn-gpu-bridge worker`` (the same
@@ -199,15 +201,15 @@ def _export_connection_file(path):
 
 @contextmanager
 def config_context(**settings):
-    """Change settings inside a ``with`` block, and restore them after."""
+    """Change settings inside a ``with`` block, and put back after it what those settings were before it.
+
+    Only those: a setting changed meanwhile by ``set_config`` (in another thread, or inside the block) stays
+    as it was changed. The settings themselves are the process's, not the thread's as scikit-learn's are.
+    """
     with _lock:
-        saved = dict(_overrides)
+        saved = {name: _overrides.get(name) for name in settings}  # None: not overridden, as set_config reads it
     set_config(**settings)
     try:
         yield
     finally:
-        with _lock:
-            _overrides.clear()
-            _overrides.update(saved)
-            if "connection_file" in settings:
-                _export_connection_file(saved.get("connection_file"))
+        set_config(**saved)

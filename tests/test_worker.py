@@ -250,6 +250,31 @@ def test_set_config_sets_the_connection_file_for_children_and_puts_the_environme
     assert os.environ[variable] == "/from/the/environment.json"
 
 
+def test_a_config_context_puts_back_only_the_settings_it_changed():
+    """A block that ends puts back the settings it changed, not a copy of all of them taken when it began:
+    that copy undid a ``set_config`` made meanwhile, here in another thread, and outside any block."""
+    before = sklearn_gpu_bridge.get_config()
+    entered, leave = threading.Event(), threading.Event()
+
+    def block():
+        with sklearn_gpu_bridge.config_context(reply_wait="sleep"):
+            entered.set()
+            leave.wait(10)
+
+    thread = threading.Thread(target=block)
+    thread.start()
+    try:
+        assert entered.wait(10)
+        sklearn_gpu_bridge.set_config(precision="native")
+        leave.set()
+        thread.join(10)
+        config = sklearn_gpu_bridge.get_config()
+        assert (config["precision"], config["reply_wait"]) == ("native", before["reply_wait"])
+    finally:
+        leave.set()
+        sklearn_gpu_bridge.set_config(precision=None)
+
+
 def test_a_worker_closed_from_another_thread_stops_serving_and_closes_once(tmp_path):
     """close() from another thread ends serve_forever, whose own close() then does nothing more (a second
     close once the context is gone would raise), and every thread that took turns reading has stopped."""
