@@ -13,7 +13,6 @@ in ms. "rest" is the call's time between sending and the reply (the worker
 and the hops), for reference: it is not this script's to compare.
 """
 
-import argparse
 import gc
 import time
 
@@ -21,7 +20,7 @@ import numpy as np
 
 import sklearn_gpu_bridge
 from client_checks import report
-from e2e import CASES, bridged_to_new_worker, make_data
+from e2e import CASES, bridge_parser, bridged_to_new_worker, make_data
 
 SMALL = ("StandardScaler fit_transform 5000x20", "StandardScaler fit_transform 5000x20 float64",
          "LogisticRegression fit+predict 5000x20", "LogisticRegression fit+predict 5000x20 float64")
@@ -71,11 +70,8 @@ def over_small_calls(backend, reply_wait, measure):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backend", choices=("sklearn", "cuml"), default="sklearn")
+    parser = bridge_parser(__doc__)
     parser.add_argument("--runs", type=int, default=300)
-    parser.add_argument("--reply-wait", choices=("auto", "spin", "sleep"), default="auto")
-    parser.add_argument("--out")
     args = parser.parse_args()
 
     def measure(name, call):

@@ -25,7 +25,6 @@ import os
 import platform
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -38,6 +37,7 @@ from sklearn.model_selection import GridSearchCV, cross_val_score
 from sklearn.pipeline import Pipeline
 
 import sklearn_gpu_bridge
+from sklearn_gpu_bridge.client import REPLY_WAITS
 from sklearn_gpu_bridge.launch import LaunchedWorker
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -218,6 +218,17 @@ def bridged_to_new_worker(backend, **settings):
     worker = WorkerProcess(backend)
     sklearn_gpu_bridge.set_config(connection_file=str(worker.connection_file), start_local_worker=False, **settings)
     return worker
+
+
+def bridge_parser(doc, *, backend=True, reply_wait="auto"):
+    """The options of a script that times calls through a worker of its own: ``--backend`` of that worker,
+    the client's ``--reply-wait`` and ``--out``; the script adds its own before ``parse_args``."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    if backend:
+        parser.add_argument("--backend", choices=("sklearn", "cuml"), default="sklearn")
+    parser.add_argument("--reply-wait", choices=REPLY_WAITS, default=reply_wait)
+    parser.add_argument("--out")
+    return parser
 
 
 def cuml_class(path):

@@ -17,7 +17,6 @@ once per tree, in turn, to compare two trees (``PYTHONPATH=<other tree's
 site>`` for the other).
 """
 
-import argparse
 import gc
 import json
 import time
@@ -25,7 +24,7 @@ import time
 import numpy as np
 
 import sklearn_gpu_bridge
-from e2e import CASES, bridged_to_new_worker, cuml_class, make_data
+from e2e import CASES, bridge_parser, bridged_to_new_worker, cuml_class, make_data
 
 SMALL = ("StandardScaler fit_transform 5000x20", "LogisticRegression fit+predict 5000x20")
 MODES = ("back to back", "after gc.collect()", "after 20 ms asleep")
@@ -47,11 +46,8 @@ def timed(run, mode, calls):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backend", choices=("sklearn", "cuml"), default="sklearn")
+    parser = bridge_parser(__doc__)
     parser.add_argument("--calls", type=int, default=100)
-    parser.add_argument("--reply-wait", choices=("auto", "spin", "sleep"), default="auto")
-    parser.add_argument("--out")
     args = parser.parse_args()
     worker = bridged_to_new_worker(args.backend, reply_wait=args.reply_wait)
     rows = []

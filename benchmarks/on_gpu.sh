@@ -393,9 +393,9 @@ for stage in "$@"; do
         --out "$OUT/worker-check.json"
       ROUNDS=${ROUNDS:-1} alternate finite 250 \
         "StandardScaler fit_transform 5000x20|LogisticRegression fit+predict 5000x20|SVC(rbf) fit+predict 500x20" ;;
-    small-device-copy)  # the same session, not yet run: every float X copied to the device by the worker (threshold 0)
-      # against the default (8 MiB), in turn: a small fit_transform then converts X once, not in fit and transform;
-      # ROUNDS (default 1, about 300 s each) numbered from FIRST_ROUND
+    small-device-copy)  # the same session, run in the fourteenth (results/gpu-h200-1127b/): every float X copied to
+      # the device by the worker (threshold 0) against the default (8 MiB), in turn: a small fit_transform then
+      # converts X once, not in fit and transform; ROUNDS (default 1, about 300 s each) numbered from FIRST_ROUND
       small="StandardScaler fit_transform 5000x20|LogisticRegression fit+predict 5000x20|SVC(rbf) fit+predict 500x20"
       for round in $(seq "${FIRST_ROUND:-1}" $(( ${FIRST_ROUND:-1} + ${ROUNDS:-1} - 1 ))); do
         step 250 "$OUT/small-device-copy.txt" env SKLEARN_GPU_BRIDGE_DEVICE_COPY_MIN_BYTES=0 python3 benchmarks/e2e.py \
@@ -403,8 +403,8 @@ for stage in "$@"; do
         step 250 "$OUT/small-device-copy.txt" python3 benchmarks/e2e.py --parts cases --only "$small" \
           --no-sklearn-large --out "$OUT/e2e-small-device-copy-default-$round.json"
       done ;;
-    cupy-pool)  # the same session, not yet run: cuML in process with CuPy's arrays from RMM's Python allocator (as cuML
-      # sets it) and from CuPy's own stream-ordered pool, under the worker's device memory, in turn
+    cupy-pool)  # the same session, run in the fourteenth: cuML in process with CuPy's arrays from RMM's Python
+      # allocator (as cuML sets it) and from CuPy's own stream-ordered pool, under the worker's device memory, in turn
       step 250 "$OUT/device-memory-cupy-pool.txt" python3 benchmarks/device_memory.py --out "$OUT/device-memory-cupy-pool.json" ;;
     cupy-alloc)  # issue 15, fourteenth session: the worker's CuPy arrays from CuPy's own stream-ordered allocator
       # (device_memory async-cupy) against RMM's Python one (async, the default), the six small cases in turn, ROUNDS

@@ -12,13 +12,13 @@ compare two. cProfile counts the calls of functions written in Python
 its reply (``_HeldCopy.settled``, once per look) are left out.
 """
 
-import argparse
 import cProfile
 import pstats
 
 import sklearn_gpu_bridge
 from client_checks import report
 from client_legs import over_small_calls
+from e2e import bridge_parser
 
 SPINNING = ("settled",)  # functions called once per look at the reply slot: how often is the worker's time
 
@@ -36,9 +36,7 @@ def python_calls(call, repeats=20):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reply-wait", choices=("auto", "spin", "sleep"), default="spin")
-    parser.add_argument("--out")
+    parser = bridge_parser(__doc__, backend=False, reply_wait="spin")
     args = parser.parse_args()
 
     def measure(name, call):

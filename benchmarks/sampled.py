@@ -14,7 +14,6 @@ samples x the sampling interval / calls. With ``--backend cuml`` cuML is also
 imported here, so that the collection walks the heap it walks in ``e2e.py``.
 """
 
-import argparse
 import collections
 import gc
 import json
@@ -30,7 +29,7 @@ from pathlib import Path
 
 
 import sklearn_gpu_bridge
-from e2e import CASES, bridged_to_new_worker, make_data
+from e2e import CASES, bridge_parser, bridged_to_new_worker, make_data
 
 DEFAULT_CASES = ("StandardScaler fit_transform 5000x20", "LogisticRegression fit+predict 5000x20")
 PACKAGE = re.compile(r"\((?:.*/)?(sklearn_gpu_bridge/[^)]*|worker/[^)]*|shm/[^)]*)\)")
@@ -66,14 +65,11 @@ def aggregate(path, within, calls, interval_ms, top):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backend", choices=("sklearn", "cuml"), default="sklearn")
+    parser = bridge_parser(__doc__)
     parser.add_argument("--only", default=",".join(DEFAULT_CASES), help="cases of e2e.py, by name, comma-separated")
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--rate", type=int, default=997, help="samples per second (a prime: no beat with a loop)")
     parser.add_argument("--top", type=int, default=45)
-    parser.add_argument("--reply-wait", choices=("auto", "spin", "sleep"), default="auto")
-    parser.add_argument("--out")
     args = parser.parse_args()
     spy = shutil.which("py-spy")
     if spy is None:

@@ -19,7 +19,6 @@ request (``SPINNING``) are left out. Run once per tree (``PYTHONPATH=<the
 other tree's site>``) to compare two.
 """
 
-import argparse
 import json
 import os
 import signal
@@ -32,6 +31,7 @@ import sklearn_gpu_bridge.shm
 import sklearn_gpu_bridge.worker
 from client_checks import report
 from client_legs import over_small_calls
+from e2e import bridge_parser
 
 HOOK = Path(__file__).resolve().parent / "count_calls"
 #: where the bridge's own code lies (the worker's and the pool's packages are folders of their own in a checkout)
@@ -65,10 +65,8 @@ def signalled(pid, signum, file):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = bridge_parser(__doc__, backend=False, reply_wait="spin")
     parser.add_argument("--calls", type=int, default=20)
-    parser.add_argument("--reply-wait", choices=("auto", "spin", "sleep"), default="spin")
-    parser.add_argument("--out")
     args = parser.parse_args()
     file = Path(tempfile.mkdtemp(prefix="sgb-calls-")) / "counts.json"
     os.environ["SKLEARN_GPU_BRIDGE_COUNT_CALLS"] = str(file)  # the worker that over_small_calls starts inherits

@@ -15,7 +15,6 @@ back; the models the fits leave are released after the timing. Medians in
 ms.
 """
 
-import argparse
 import gc
 import time
 
@@ -23,7 +22,7 @@ import numpy as np
 
 import sklearn_gpu_bridge
 from client_checks import report
-from e2e import bridged_to_new_worker
+from e2e import bridge_parser, bridged_to_new_worker
 
 
 def in_turn(requests, runs, collect):
@@ -41,11 +40,8 @@ def in_turn(requests, runs, collect):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backend", choices=("sklearn", "cuml"), default="sklearn")
+    parser = bridge_parser(__doc__)
     parser.add_argument("--runs", type=int, default=200)
-    parser.add_argument("--reply-wait", choices=("auto", "spin", "sleep"), default="auto")
-    parser.add_argument("--out")
     args = parser.parse_args()
     worker = bridged_to_new_worker(args.backend, reply_wait=args.reply_wait)
     rows = {}

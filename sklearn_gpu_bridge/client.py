@@ -653,16 +653,16 @@ class Connection:
             waiting = True
             reply, buffers = self._roundtrip(header, encoder.buffers, digests=encoder.digests, slot=slot)
         except BaseException as exc:
+            held = blocks + ([out] if out is not None else [])
             if waiting and (isinstance(exc, WorkerLost) or not isinstance(exc, Exception)):
                 # no reply came (the worker is lost, or a Ctrl-C interrupted the wait): the worker may still
                 # run the request and write into these blocks, so they are not reused until its reply has come
                 # (a lost worker's go with the pool); an error is a reply
-                held = blocks + ([out] if out is not None else [])
                 link = getattr(self._local, "link", None)  # the thread's: its socket gets the late reply
                 if held and link is not None and not isinstance(exc, WorkerLost) and "id" in header:
                     link.unanswered[header["id"]] = held
                 raise
-            for block in blocks + ([out] if out is not None else []):
+            for block in held:
                 block.release()
             if isinstance(exc, CacheMiss) and encoder.reused:
                 for key, _ in encoder.reused:

@@ -181,7 +181,7 @@ class RemoteEstimator(BaseEstimator):
 
         A class whose check refuses both knows it. One that lets NaN through (the scalers, as scikit-learn's
         do) knows it of the X whose sum :func:`_plain_validation` found finite in this thread's last
-        ``_validate`` (each writes the record; ``_call_remote`` clears it where it checks X otherwise), and
+        ``_validate`` (each writes the record; ``_call_remote`` clears it where check_array checks X), and
         of no other: cuML's own look on the worker is a kernel and a wait for its answer, twice in a
         ``fit_transform`` (0.38 ms a StandardScaler call after a ``gc.collect()`` on the H200,
         ``results/gpu-h200-1127/sampled.txt``).
@@ -260,12 +260,12 @@ class RemoteEstimator(BaseEstimator):
         if not self.__sklearn_is_fitted__():
             check_is_fitted(self)  # its error, in its words
         _heads_up(X)
-        _summed_finite.X = None  # an X checked by check_array below (not _validate) is not vouched for
         if X is _NO_X or X is None:
             args = []
             if X is None:
                 args = [None]
         elif in_output_space:
+            _summed_finite.X = None  # check_array keeps no record: an older one of this X must not vouch for it
             args = [check_array(X, **{"accept_sparse": self._sparse_call, **self._validation})]
         else:
             args = [self._validate(X, reset=False)]
