@@ -250,41 +250,49 @@ def parse_variants(text):
     return variants
 
 
-def run_cases(cases, repeats, use_cuml, skip_large_sklearn, variants=None):
+def run_cases(cases, repeats, use_cuml, skip_large_sklearn, variants=None, between=("collect",)):
     """Each case its ways; ``variants`` ({way: settings}, small cases): the bridge again under other client
-    settings (``reply_wait=sleep`` ...), in turn with the others."""
+    settings (``reply_wait=sleep`` ...), in turn with the others. A small case is timed once for each of
+    ``between`` (BETWEEN), a row each; a large one once, after ``gc.collect()``s."""
     rows = []
     for case in cases:
         X, y = make_data(case)
-        row = {"case": case.name, "shape": list(case.shape), "megabytes": round(case.megabytes, 1), "large": case.large}
-        ways = {}
-        if not (case.large and skip_large_sklearn):
-            ways["sklearn"] = lambda c=case: c.sklearn(**c.params, **(c.sklearn_params or {}))
-        if use_cuml:
-            ways["cuml"] = lambda c=case: cuml_class(c.cuml)(**c.params)
-        wrapper = getattr(sklearn_gpu_bridge, case.bridge, None)
-        if wrapper is not None:
-            ways["bridge"] = lambda w=wrapper, c=case: w(**c.params)
-        else:
-            row["bridge_missing"] = f"{case.bridge} is not in this version"
-        # every case's ways in turn: a large case's cuML time alone moves by 10% and more within one run on
-        # the H200 machine (PCA(10) 1M x 100: 0.81-0.98 s), and ways timed one after another count that
-        # drift as the bridge's
-        runs = {way: lambda m=make: case.run(m(), X, y) for way, make in ways.items()}
-        for way, settings in (variants or {}).items() if wrapper is not None and not case.large else ():
-            runs[way] = lambda w=wrapper, c=case, s=settings: _with_settings(s, lambda: c.run(w(**c.params), X, y))
-        row.update(timed_together(runs, repeats))
-        for way in variants or ():
-            if way in row and "cuml" in row:
-                row[f"{way} minus cuml_ms"] = (row[way]["median"] - row["cuml"]["median"]) * 1e3
-        if "bridge" in row and "cuml" in row:
-            row["bridge_over_cuml"] = row["bridge"]["median"] / row["cuml"]["median"]
-            row["bridge_minus_cuml_ms"] = (row["bridge"]["median"] - row["cuml"]["median"]) * 1e3
-        if "bridge" in row and "sklearn" in row:
-            row["speedup_vs_sklearn"] = row["sklearn"]["median"] / row["bridge"]["median"]
-        print(_line(row), flush=True)
-        rows.append(row)
+        for way_between in between if not case.large else ("collect",):
+            rows.append(_run_case(case, X, y, repeats, use_cuml, skip_large_sklearn, variants, way_between))
     return rows
+
+
+def _run_case(case, X, y, repeats, use_cuml, skip_large_sklearn, variants, between):
+    """One case's row: its ways timed in turn, each call after what ``between`` says (BETWEEN)."""
+    row = {"case": case.name, "shape": list(case.shape), "megabytes": round(case.megabytes, 1), "large": case.large,
+           "between": between}
+    ways = {}
+    if not (case.large and skip_large_sklearn):
+        ways["sklearn"] = lambda c=case: c.sklearn(**c.params, **(c.sklearn_params or {}))
+    if use_cuml:
+        ways["cuml"] = lambda c=case: cuml_class(c.cuml)(**c.params)
+    wrapper = getattr(sklearn_gpu_bridge, case.bridge, None)
+    if wrapper is not None:
+        ways["bridge"] = lambda w=wrapper, c=case: w(**c.params)
+    else:
+        row["bridge_missing"] = f"{case.bridge} is not in this version"
+    # every case's ways in turn: a large case's cuML time alone moves by 10% and more within one run on
+    # the H200 machine (PCA(10) 1M x 100: 0.81-0.98 s), and ways timed one after another count that
+    # drift as the bridge's
+    runs = {way: lambda m=make: case.run(m(), X, y) for way, make in ways.items()}
+    for way, settings in (variants or {}).items() if wrapper is not None and not case.large else ():
+        runs[way] = lambda w=wrapper, c=case, s=settings: _with_settings(s, lambda: c.run(w(**c.params), X, y))
+    row.update(timed_together(runs, repeats, between))
+    for way in variants or ():
+        if way in row and "cuml" in row:
+            row[f"{way} minus cuml_ms"] = (row[way]["median"] - row["cuml"]["median"]) * 1e3
+    if "bridge" in row and "cuml" in row:
+        row["bridge_over_cuml"] = row["bridge"]["median"] / row["cuml"]["median"]
+        row["bridge_minus_cuml_ms"] = (row["bridge"]["median"] - row["cuml"]["median"]) * 1e3
+    if "bridge" in row and "sklearn" in row:
+        row["speedup_vs_sklearn"] = row["sklearn"]["median"] / row["bridge"]["median"]
+    print(_line(row), flush=True)
+    return row
 
 
 def _with_settings(settings, run):
@@ -293,7 +301,8 @@ def _with_settings(settings, run):
 
 
 def _line(row):
-    cells = [f"{row['case']:<52}"]
+    between = row.get("between", "collect")
+    cells = [f"{row['case'] + ('' if between == 'collect' else f' [{between}]'):<52}"]
     for way in ("sklearn", "cuml", "bridge"):
         cells.append(f"{row[way]['median']:9.4f}" if way in row else f"{'-':>9}")
     ratio = row.get("bridge_over_cuml")
@@ -307,23 +316,60 @@ def _line(row):
     return "  ".join(cells)
 
 
-def timed_together(runs, repeats):
+# What comes before each timed call of the small cases (``--between``):
+BETWEEN = {
+    # no call pays for a collection of the caller's garbage; but the collection walks every object of the
+    # caller's process, cuML's included, so that cuML in process then starts in caches the walk warmed,
+    # while the worker's process has sat idle meanwhile
+    "collect": "gc.collect()",
+    # timeit's way: one collection before the calls, the collector off while they run in turn back to back
+    "timeit": "nothing; the collector off",
+    # the worker's idle gap without the warming: a sleep as long as a collection takes here
+    "pause": "a pause as long as a collection",
+}
+
+
+def collection_seconds(runs=5):
+    """The median time of a full ``gc.collect()`` in this process (the ``pause`` of BETWEEN)."""
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        gc.collect()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def timed_together(runs, repeats, between="collect"):
     """``timed`` for several ways of one small case, run in turn (a, b, c, b, c, a, ...) rather than one after
     another: a machine whose speed drifts over seconds (a GPU VM's clocks, the other processes) then moves
-    every way alike, and the ratios between them hold. Each way runs as often as the others."""
+    every way alike, and the ratios between them hold. Each way runs as often as the others; ``between``
+    says what comes before each call (BETWEEN)."""
     names = list(runs)
     for name in names:
         runs[name]()
+    pause = collection_seconds() if between == "pause" else 0.0
     times = {name: [] for name in names}
     rounds = 0
-    while rounds < repeats or (max(sum(t) for t in times.values()) < SMALL_SECONDS and rounds < MAX_REPEATS):
-        for name in names[rounds % len(names):] + names[: rounds % len(names)]:
-            gc.collect()
-            start = time.perf_counter()
-            runs[name]()
-            times[name].append(time.perf_counter() - start)
-        rounds += 1
-    return {name: {"median": float(np.median(t)), "min": float(min(t)), "n": len(t), "times": t, "interleaved": True}
+    collector_was_on = gc.isenabled()
+    if between == "timeit":
+        gc.collect()
+        gc.disable()
+    try:
+        while rounds < repeats or (max(sum(t) for t in times.values()) < SMALL_SECONDS and rounds < MAX_REPEATS):
+            for name in names[rounds % len(names):] + names[: rounds % len(names)]:
+                if between == "collect":
+                    gc.collect()
+                elif between == "pause":
+                    time.sleep(pause)
+                start = time.perf_counter()
+                runs[name]()
+                times[name].append(time.perf_counter() - start)
+            rounds += 1
+    finally:
+        if collector_was_on:
+            gc.enable()
+    return {name: {"median": float(np.median(t)), "min": float(min(t)), "n": len(t), "times": t, "interleaved": True,
+                   "between": between, **({"pause_s": pause} if pause else {})}
             for name, t in times.items()}
 
 
@@ -332,8 +378,10 @@ def profile_cases(cases, use_cuml, repeats=10, top=14):
     request (to the worker, on the worker, back), then a cProfile of one call on the client
     (``poll`` is the wait for the reply).
 
-    Each way is timed twice: after ``gc.collect()`` as the case table times it (the worker's
-    threads have gone idle meanwhile and must be woken), and back to back (they have not).
+    Each way is timed three times: after ``gc.collect()`` as the case table times it (the worker's
+    threads have gone idle meanwhile and must be woken), after a pause as long as a collection (idle
+    as long, but no walk of this process's objects, cuML's included, to warm its caches), and back to
+    back (not idle).
     """
     import cProfile
     import io
@@ -341,13 +389,18 @@ def profile_cases(cases, use_cuml, repeats=10, top=14):
 
     connection = sklearn_gpu_bridge.get_connection()
 
-    def medians(run, collect):
+    pause = collection_seconds()
+
+    def medians(run, between):
         """Median ms of the whole call, of the legs of its last request (monotonic stamps, one host) and of
-        the steps of that request on the worker (``{step: ms since the step before}``, where it says them)."""
+        the steps of that request on the worker (``{step: ms since the step before}``, where it says them);
+        ``between``: what comes before each call (PROFILE_BETWEEN)."""
         totals, legs, steps = [], [], {}
         for _ in range(repeats):
-            if collect:
+            if between == "collect":
                 gc.collect()
+            elif between == "pause":
+                time.sleep(pause)
             start = time.monotonic()
             run()
             end = time.monotonic()
@@ -367,7 +420,8 @@ def profile_cases(cases, use_cuml, repeats=10, top=14):
         start = time.monotonic()
         connection.echo()
         floor.append(time.monotonic() - start)
-    print(f"floor (echo, no arrays): {np.median(floor) * 1e3:.3f} ms", flush=True)
+    print(f"floor (echo, no arrays): {np.median(floor) * 1e3:.3f} ms; a collection here: {pause * 1e3:.1f} ms",
+          flush=True)
 
     for case in cases:
         X, y = make_data(case)
@@ -395,22 +449,25 @@ def profile_cases(cases, use_cuml, repeats=10, top=14):
         print(line, "\n".join(out.getvalue().splitlines()[4:]), sep="\n", flush=True)
 
 
+PROFILE_BETWEEN = {"collect": "after gc.collect()", "pause": "after a pause as long", "none": "back to back"}
+
+
 def _profile_lines(name, bridged, in_process, medians, repeats):
-    """The profile of one way of a case: the whole call and its last request's legs, after gc.collect() and
-    back to back, beside cuML in process (``in_process``, or None)."""
+    """The profile of one way of a case: the whole call and its last request's legs, after each of
+    PROFILE_BETWEEN, beside cuML in process (``in_process``, or None)."""
     bridged()  # warm
     if in_process is not None:
         in_process()
     line = f"\n== {name} (medians of {repeats}):"
-    for collect in (True, False):
-        total, (before, to_worker, on_worker, back, after), steps = medians(bridged, collect)
-        line += (f"\n   {'after gc.collect()' if collect else 'back to back'}: bridge {total:.2f} ms; its last "
+    for between, said in PROFILE_BETWEEN.items():
+        total, (before, to_worker, on_worker, back, after), steps = medians(bridged, between)
+        line += (f"\n   {said}: bridge {total:.2f} ms; its last "
                  f"request: client before sending {before:.2f} ms, to the worker {to_worker:.2f} ms, on the "
                  f"worker {on_worker:.2f} ms, back {back:.2f} ms, client after {after:.2f} ms")
         if steps:
             line += "\n     on the worker, step by step: " + ", ".join(f"{s} {ms:.3f}" for s, ms in steps.items())
         if in_process is not None:
-            line += f"; cuML in process {medians(in_process, collect)[0]:.2f} ms"
+            line += f"; cuML in process {medians(in_process, between)[0]:.2f} ms"
     return line
 
 
@@ -513,6 +570,14 @@ def run_memory(worker, cycles):
     return {"cycles": cycles, "before": before, "after": after}
 
 
+def _betweens(text):
+    names = text.split(",")
+    unknown = [n for n in names if n not in BETWEEN]
+    if unknown:
+        raise SystemExit(f"--between: {unknown} are not among {list(BETWEEN)}")
+    return names
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", default="cuml", choices=["cuml", "sklearn"])
@@ -528,6 +593,9 @@ def main():
     parser.add_argument("--bridge-variants", default=None,
                         help="small cases: the bridge again under other settings, in turn with the others: "
                              "LABEL:SETTING=VALUE[,...][;...], e.g. 'sleep:reply_wait=sleep'")
+    parser.add_argument("--between", default="collect",
+                        help="small cases: what comes before each timed call, a row for each of these "
+                             f"(a,b): {', '.join(f'{k} ({v})' for k, v in BETWEEN.items())}")
     parser.add_argument("--cycles", type=int, default=1000)
     parser.add_argument("--threads", type=int, default=None, help="the worker's threads (default: its default)")
     parser.add_argument("--out", default=None)
@@ -563,7 +631,8 @@ def main():
             print(f"{'case':<52}  {'sklearn':>9}  {'cuML':>9}  {'bridge':>9}  bridge/cuML  (median s)")
             report["cases"] = run_cases(cases, args.repeats, use_cuml,
                                         skip_large_sklearn=args.quick or args.no_sklearn_large,
-                                        variants=parse_variants(args.bridge_variants))
+                                        variants=parse_variants(args.bridge_variants),
+                                        between=_betweens(args.between))
         if "grid" in parts:
             ways = args.grid_ways.split("|") if args.grid_ways else None
             report["grid_search"] = run_grid_search(args.repeats, use_cuml, n=2000 if args.quick else 20_000,

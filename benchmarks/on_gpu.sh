@@ -418,8 +418,19 @@ for stage in "$@"; do
     fresh-tests)  # the same session: the cuML tests of the worker's allocators and of bad input (the scalers' finite)
       step 200 "$OUT/pytest-cuml-fresh.txt" "${PYTEST[@]}" -q -rfEs --tb=short tests/test_bad_input.py \
         tests/test_worker.py ;;
-    table)  # the README's table: every case, three ways, scikit-learn on all cores included
-      step 590 "$OUT/e2e-table.txt" python3 benchmarks/e2e.py --parts cases --out "$OUT/e2e-table.json" ;;
+    table)  # the README's table: every case, three ways, scikit-learn on all cores included; the small cases after
+      # gc.collect()s and again as timeit times (the collector off, back to back)
+      step 590 "$OUT/e2e-table.txt" python3 benchmarks/e2e.py --parts cases --between collect,timeit \
+        --out "$OUT/e2e-table.json" ;;
+    between)  # issue 15, fifteenth session: the six small cases after each of e2e's BETWEEN (gc.collect(), timeit's
+      # way, a pause as long as a collection), in one run; their legs after each of PROFILE_BETWEEN
+      small="StandardScaler fit_transform 5000x20|LogisticRegression fit+predict 5000x20|SVC(rbf) fit+predict 500x20"
+      step 450 "$OUT/between.txt" python3 benchmarks/e2e.py --parts cases --only "$small" --no-sklearn-large \
+        --between collect,timeit,pause --out "$OUT/e2e-between.json"
+      step 240 "$OUT/between-legs.txt" python3 benchmarks/e2e.py --parts profile --only "$small" --out /tmp/legs.json ;;
+    oom)  # the GPU's out-of-memory test and the allocator tests under the worker's default device memory
+      step 200 "$OUT/pytest-cuml-oom.txt" "${PYTEST[@]}" -q -rfEs --tb=short tests/test_faults.py tests/test_worker.py \
+        -k "out_of_memory or device_memory or memory_pools" ;;
     grid-njobs)  # the README's n_jobs rows: the grid with the default worker, 3 repeats
       step 400 "$OUT/grid-njobs.txt" python3 benchmarks/e2e.py --parts grid --repeats 3 \
         --grid-ways "sklearn (n_jobs=-1)|bridge|bridge n_jobs=4|bridge n_jobs=-1|cuml" --out "$OUT/e2e-grid-njobs.json" ;;
