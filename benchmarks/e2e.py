@@ -570,6 +570,11 @@ def run_memory(worker, cycles):
     return {"cycles": cycles, "before": before, "after": after}
 
 
+def _named(case, only):
+    """Whether ``--only``'s ``only`` picks ``case``: a part of its name, or all of it where it ends in ``$``."""
+    return case.name == only[:-1] if only.endswith("$") else only in case.name
+
+
 def _betweens(text):
     names = text.split(",")
     unknown = [n for n in names if n not in BETWEEN]
@@ -586,7 +591,8 @@ def main():
     parser.add_argument("--parts", default="cases,grid,accuracy,memory",
                         help="comma-separated: cases, grid, accuracy, memory, profile")
     parser.add_argument("--only", default=None,
-                        help="cases whose name contains this, or one of these (a|b) (cases, profile)")
+                        help="cases whose name contains this, or one of these (a|b); NAME$: that case alone "
+                             "(cases, profile)")
     parser.add_argument("--no-sklearn-large", action="store_true",
                         help="leave scikit-learn out of the large cases and the grid (they take minutes)")
     parser.add_argument("--grid-ways", default=None, help="only these ways of the grid (a|b), e.g. 'bridge|cuml'")
@@ -624,7 +630,7 @@ def main():
           f"{status['versions']}\n", flush=True)
     try:
         only = args.only.split("|") if args.only else None
-        cases = [c for c in CASES if not (args.quick and c.large) and (not only or any(o in c.name for o in only))]
+        cases = [c for c in CASES if not (args.quick and c.large) and (not only or any(_named(c, o) for o in only))]
         if "profile" in parts:
             profile_cases(cases, use_cuml)
         if "cases" in parts:

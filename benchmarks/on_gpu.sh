@@ -428,6 +428,21 @@ for stage in "$@"; do
       step 450 "$OUT/between.txt" python3 benchmarks/e2e.py --parts cases --only "$small" --no-sklearn-large \
         --between collect,timeit,pause --out "$OUT/e2e-between.json"
       step 240 "$OUT/between-legs.txt" python3 benchmarks/e2e.py --parts profile --only "$small" --out /tmp/legs.json ;;
+    placement)  # the same session: the machine's CPU layout; the three float32 small cases, timeit's way and after
+      # gc.collect()s, with the client and its worker free to run on any core, and held on four cores that share
+      # cpu0's last-level cache (taskset), alternated ROUNDS times (default 2)
+      { lscpu; lscpu -e; nvidia-smi topo -m; } > "$OUT/cpu-layout.txt" 2>&1
+      l3=$(cat /sys/devices/system/cpu/cpu0/cache/index3/shared_cpu_list 2>/dev/null || echo 0-3)
+      cores=$(python3 -c 'import sys; c = [n for p in sys.argv[1].split(",") for lo, _, hi in [p.partition("-")]
+for n in range(int(lo), int(hi or lo) + 1)]; print(",".join(map(str, c[:4])))' "$l3")
+      echo "cpu0's last-level cache: $l3; held on $cores" >> "$OUT/cpu-layout.txt"
+      small='StandardScaler fit_transform 5000x20$|LogisticRegression fit+predict 5000x20$|SVC(rbf) fit+predict 500x20$'
+      for round in $(seq "${ROUNDS:-2}"); do
+        step 200 "$OUT/placement.txt" python3 benchmarks/e2e.py --parts cases --only "$small" --no-sklearn-large \
+          --between collect,timeit --out "$OUT/e2e-placement-free-$round.json"
+        step 200 "$OUT/placement.txt" taskset -c "$cores" python3 benchmarks/e2e.py --parts cases --only "$small" \
+          --no-sklearn-large --between collect,timeit --out "$OUT/e2e-placement-held-$round.json"
+      done ;;
     oom)  # the GPU's out-of-memory test and the allocator tests under the worker's default device memory
       step 200 "$OUT/pytest-cuml-oom.txt" "${PYTEST[@]}" -q -rfEs --tb=short tests/test_faults.py tests/test_worker.py \
         -k "out_of_memory or device_memory or memory_pools" ;;
