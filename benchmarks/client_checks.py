@@ -18,7 +18,7 @@ import platform
 import timeit
 
 import numpy as np
-from sklearn.utils.validation import FLOAT_DTYPES, validate_data
+from sklearn.utils.validation import validate_data
 
 import sklearn_gpu_bridge
 from sklearn_gpu_bridge.estimators.base import _NO_X, _plain_validation

@@ -33,7 +33,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import joblib
-import numpy as np
 from sklearn.datasets import make_classification
 from sklearn.model_selection import GridSearchCV
 from sklearn.pipeline import Pipeline

@@ -31,7 +31,7 @@ from sklearn_gpu_bridge import GPULogisticRegression, GPUStandardScaler, client
 from sklearn_gpu_bridge.errors import ConfigurationError, ProtocolError
 from sklearn_gpu_bridge.protocol import Session, new_id, reply_slot
 
-from .conftest import assert_same, record, wait_until
+from .conftest import assert_same, wait_until
 
 
 def _frames(*sizes):
