@@ -6,11 +6,13 @@ through the client and through a raw DEALER socket that sends descriptors the
 client would never write.
 """
 
+import hmac
 import os
 import pickle
 import random
 import time
 import tracemalloc
+from concurrent.futures import ThreadPoolExecutor
 
 import msgpack
 import numpy as np
@@ -59,6 +61,17 @@ def test_sign_unpack_round_trip():
 def test_key_given_as_str_signs_like_bytes():
     frames = Session("secret").pack({"op": "ping", "id": new_id()})
     assert Session(b"secret").unpack(frames)[0]["op"] == "ping"
+
+
+def test_the_signature_is_hmac_sha256_of_the_header_from_any_thread():
+    """docs/protocol.md's signature: hex HMAC-SHA256 of the header bytes under the key, whoever computes it (a peer
+    of another version or language). The session keys one HMAC and signs by copies of it; threads sign at once."""
+    key, headers = os.urandom(32), [os.urandom(n) for n in (0, 1, 64, 600, 70_000)]
+    session = Session(key)
+    expected = [hmac.new(key, h, "sha256").hexdigest().encode() for h in headers]
+    assert [session.sign(h) for h in headers] == expected
+    with ThreadPoolExecutor(8) as pool:
+        assert list(pool.map(session.sign, headers * 200)) == expected * 200
 
 
 @pytest.mark.parametrize("key", [b"", "", None])
