@@ -443,6 +443,17 @@ for n in range(int(lo), int(hi or lo) + 1)]; print(",".join(map(str, c[:4])))' "
         step 200 "$OUT/placement.txt" taskset -c "$cores" python3 benchmarks/e2e.py --parts cases --only "$small" \
           --no-sklearn-large --between collect,timeit --out "$OUT/e2e-placement-held-$round.json"
       done ;;
+    sign)  # the same session: a header signed by a copy of one keyed HMAC; sign_cost.py before (BEFORE_SITE) and
+      # after, alternated twice; then the three float32 small cases' legs after, and before
+      for round in 1 2; do
+        step 60 "$OUT/sign-cost.txt" env PYTHONPATH="$BEFORE_SITE:$PYTHONPATH" python3 benchmarks/sign_cost.py \
+          --out "$OUT/sign-cost-before-$round.json"
+        step 60 "$OUT/sign-cost.txt" python3 benchmarks/sign_cost.py --out "$OUT/sign-cost-after-$round.json"
+      done
+      small='StandardScaler fit_transform 5000x20$|LogisticRegression fit+predict 5000x20$|SVC(rbf) fit+predict 500x20$'
+      step 150 "$OUT/sign-legs-after.txt" python3 benchmarks/e2e.py --parts profile --only "$small" --out /tmp/legs.json
+      step 150 "$OUT/sign-legs-before.txt" env PYTHONPATH="$BEFORE_SITE:$PYTHONPATH" python3 benchmarks/e2e.py \
+        --parts profile --only "$small" --out /tmp/legs.json ;;
     oom)  # the GPU's out-of-memory test and the allocator tests under the worker's default device memory
       step 200 "$OUT/pytest-cuml-oom.txt" "${PYTEST[@]}" -q -rfEs --tb=short tests/test_faults.py tests/test_worker.py \
         -k "out_of_memory or device_memory or memory_pools" ;;
