@@ -330,6 +330,15 @@ BETWEEN = {
 }
 
 
+def before_call(between, pause):
+    """What comes before a timed call (BETWEEN, PROFILE_BETWEEN): a collection, a ``pause`` of that many
+    seconds, or nothing."""
+    if between == "collect":
+        gc.collect()
+    elif between == "pause":
+        time.sleep(pause)
+
+
 def collection_seconds(runs=5):
     """The median time of a full ``gc.collect()`` in this process (the ``pause`` of BETWEEN)."""
     times = []
@@ -358,10 +367,7 @@ def timed_together(runs, repeats, between="collect"):
     try:
         while rounds < repeats or (max(sum(t) for t in times.values()) < SMALL_SECONDS and rounds < MAX_REPEATS):
             for name in names[rounds % len(names):] + names[: rounds % len(names)]:
-                if between == "collect":
-                    gc.collect()
-                elif between == "pause":
-                    time.sleep(pause)
+                before_call(between, pause)
                 start = time.perf_counter()
                 runs[name]()
                 times[name].append(time.perf_counter() - start)
@@ -398,10 +404,7 @@ def profile_cases(cases, use_cuml, repeats=10, top=14):
         ``between``: what comes before each call (PROFILE_BETWEEN)."""
         totals, legs, steps = [], [], {}
         for _ in range(repeats):
-            if between == "collect":
-                gc.collect()
-            elif between == "pause":
-                time.sleep(pause)
+            before_call(between, pause)
             start = time.monotonic()
             run()
             end = time.monotonic()
