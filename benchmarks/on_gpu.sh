@@ -454,6 +454,26 @@ for n in range(int(lo), int(hi or lo) + 1)]; print(",".join(map(str, c[:4])))' "
       step 150 "$OUT/sign-legs-after.txt" python3 benchmarks/e2e.py --parts profile --only "$small" --out /tmp/legs.json
       step 150 "$OUT/sign-legs-before.txt" env PYTHONPATH="$BEFORE_SITE:$PYTHONPATH" python3 benchmarks/e2e.py \
         --parts profile --only "$small" --out /tmp/legs.json ;;
+    wake-probe)  # issue 15, sixteenth session: does a small cuML call after an idle gap start faster when the GPU
+      # is given a tiny kernel first? (device_wake.py, in process)
+      step 200 "$OUT/device-wake.txt" python3 benchmarks/device_wake.py --out "$OUT/device-wake.json" ;;
+    rehearse)  # the same session: the three float32 small cases with rehearsals (protocol.rehearsal: each side walks a made-up
+      # message's steps while it waits on the other) and without (REHEARSE=0), alternated ROUNDS times (default 2),
+      # the first numbered FIRST_ROUND
+      small='StandardScaler fit_transform 5000x20$|LogisticRegression fit+predict 5000x20$|SVC(rbf) fit+predict 500x20$'
+      for round in $(seq "${FIRST_ROUND:-1}" $(( ${FIRST_ROUND:-1} + ${ROUNDS:-2} - 1 ))); do
+        for rehearse in 0 1; do
+          step 250 "$OUT/rehearse-$rehearse.txt" env SKLEARN_GPU_BRIDGE_REHEARSE=$rehearse python3 benchmarks/e2e.py \
+            --parts cases --only "$small" --no-sklearn-large --between collect,pause \
+            --out "$OUT/e2e-rehearse-$rehearse-$round.json"
+        done
+      done ;;
+    rehearse-legs)  # the same: the legs of the three float32 small cases without rehearsals and with
+      small='StandardScaler fit_transform 5000x20$|LogisticRegression fit+predict 5000x20$|SVC(rbf) fit+predict 500x20$'
+      for rehearse in 0 1; do
+        step 150 "$OUT/rehearse-legs-$rehearse.txt" env SKLEARN_GPU_BRIDGE_REHEARSE=$rehearse python3 benchmarks/e2e.py \
+          --parts profile --only "$small" --out /tmp/legs.json
+      done ;;
     oom)  # the GPU's out-of-memory test and the allocator tests under the worker's default device memory
       step 200 "$OUT/pytest-cuml-oom.txt" "${PYTEST[@]}" -q -rfEs --tb=short tests/test_faults.py tests/test_worker.py \
         -k "out_of_memory or device_memory or memory_pools" ;;

@@ -54,7 +54,7 @@ from .protocol import (
     new_id,
     to_plain,
 )
-from .protocol import reply_slot
+from .protocol import rehearsal, reply_slot
 from .protocol.arrays import is_sparse
 from .protocol.session import message_waits
 from .shm import Pool
@@ -142,6 +142,8 @@ class _Link:
         self.next_token = None  # what the worker watches the request slot for after the last reply, if it does
         self.ring = None  # the doorbell's datagram that names the request slot (reply_slot.ring_of)
         self.watch = None  # the request slot's watch word (reply_slot.watch_word), read before each ring
+        self.rehearse = False  # a heads-up rang: the worker had been idle, and this thread's reply waits warm
+        self.rehearsal = None  # its protocol.rehearsal.Rehearsal, made at its first
         self.closed = False
         self._close_lock = threading.Lock()
         self.pid = os.getpid()
@@ -345,6 +347,7 @@ class Connection:
         # request slots of links that are gone: the worker may still write into one (its watch word, a late
         # mark), so each is kept for another thread's requests, never given back to the pool for arrays
         self._spare_request_slots = deque()
+        self._rehearse = rehearsal.wanted()
         self._cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         try:
             self.capabilities = self._hello()
@@ -495,8 +498,16 @@ class Connection:
         returns without a reply (a request that comes back with its reply in the slot was taken). ``link``:
         whose ZeroMQ copies of earlier replies are dropped meanwhile (:meth:`_Link.drop_copies`), in the time
         that waiting has to spare; a ZeroMQ socket keeps the order of messages, so they come before this
-        reply's own copy, which is never dropped here.
+        reply's own copy, which is never dropped here. After a heads-up (the worker had been idle, and so had
+        this thread's reply steps), a rehearsal of those steps comes first (protocol.rehearsal).
         """
+        if link is not None and link.rehearse:  # while the worker runs the request: the reply's steps, warm
+            link.rehearse = False
+            try:
+                link.rehearsal = link.rehearsal or rehearsal.Rehearsal()
+                link.rehearsal.client()
+            except Exception:  # noqa: BLE001 - it only warms the caches: the reply is read all the same
+                log.exception("a rehearsal failed")
         memory = block.buffer()
         state = reply_slot.state_word(memory)
         deadline = time.monotonic() + seconds
@@ -815,6 +826,7 @@ class Connection:
         if (link is not None and link.next_token is not None and doorbell is not None and not self.closed
                 and link.watch[0] != link.next_token and self.pid == os.getpid()):
             _ring(doorbell, link.ring)
+            link.rehearse = self._rehearse
 
     def schedule_release(self, handle):
         """Called from finalizers: no I/O here, the next request carries it."""

@@ -35,6 +35,7 @@ any way, is dropped and counted; it never reaches pickle and never stops the
 loop.
 """
 
+import contextlib
 import cProfile
 import ipaddress
 import logging
@@ -71,10 +72,11 @@ from sklearn_gpu_bridge.protocol import (
     new_id,
     to_plain,
 )
-from sklearn_gpu_bridge.protocol import reply_slot
+from sklearn_gpu_bridge.protocol import rehearsal, reply_slot
 from sklearn_gpu_bridge.protocol.session import Duplicate, StaleMessage, message_waits
 from sklearn_gpu_bridge.shm import default_directory
 
+from .backends import checked_finite
 from .cache import ArrayCache
 from .caught_warnings import caught_warnings
 from .clients import Clients
@@ -215,6 +217,7 @@ class Worker:
         self._profile = [] if os.environ.get(PROFILE_ENV) else None
         self._profile_lock = threading.Lock()
         self._steps = bool(os.environ.get(STEPS_ENV))
+        self._rehearsal = rehearsal.Rehearsal() if rehearsal.wanted() else None  # the reading thread's
         self._local = threading.local()
         self.wakeup = None  # inproc PULL socket: wakes the thread that reads (_lead) from its poll
         self.doorbell = None  # (path, socket): the datagram socket clients on this host ring (_answer_bell)
@@ -472,6 +475,8 @@ class Worker:
         if this watch was one: a slot gets one such watch per reply."""
         state, watch = reply_slot.state_word(memory), reply_slot.watch_word(memory)
         watch[0] = token  # the client need not ring
+        if heads_up and self._rehearsal is not None:  # the client checks its input: walk a request's steps
+            self._rehearse(lambda: state[0] in (token, -token) or give_way())
         deadline = time.monotonic() + self.watch_ms / 1000
         while state[0] not in (token, -token) and not self._stopping.is_set():
             if time.monotonic() > deadline or give_way():
@@ -579,6 +584,22 @@ class Worker:
                 self.counts["failed"] += 1
                 log.exception("a request read from a request slot could not be handled; dropped it")
         return queued
+
+    def _rehearse(self, stop):
+        """Walk a request's steps on a made-up one (protocol.rehearsal), in the context a request runs in,
+        until ``stop()``: the request has come, or other work has."""
+        def around():
+            stack = contextlib.ExitStack()
+            stack.enter_context(caught_warnings())
+            stack.enter_context(self.backend.output_context("transform"))
+            stack.enter_context(checked_finite(True))
+            return stack
+
+        try:
+            self._rehearsal.worker(around, stop)
+            self.counts["rehearsals"] += 1
+        except Exception:  # noqa: BLE001 - a rehearsal only warms the caches: the request runs all the same
+            log.exception("a rehearsal failed")
 
     def _reader_gives_way(self):
         """A heads-up's watch, on the reader's thread, gives way to any other request and to any input."""
