@@ -16,7 +16,13 @@ from sklearn_gpu_bridge.errors import ProtocolError
 from sklearn_gpu_bridge.protocol import rehearsal, reply_slot
 
 from .conftest import assert_same, wait_until
-from .test_reply_slot import _armed, _watched_for_next, _worker_in_this_process, ringing_worker  # noqa: F401
+from .test_reply_slot import _armed, _watched_for_next, _worker_in_this_process
+
+
+@pytest.fixture
+def ringing_worker(tmp_path, monkeypatch):
+    """A worker in this process whose threads do not watch after a reply: each call rings (test_reply_slot)."""
+    yield from _worker_in_this_process(tmp_path, monkeypatch, 0.0)
 
 
 def _transform_after_a_heads_up(worker, connection, monkeypatch, X):
