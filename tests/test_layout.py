@@ -28,7 +28,7 @@ SHARED_CORE = {
     "sklearn_gpu_bridge.translate", "sklearn_gpu_bridge.host", "sklearn_gpu_bridge.connect",
     "sklearn_gpu_bridge.keys", "sklearn_gpu_bridge.parallel", "sklearn_gpu_bridge.protocol",
     "sklearn_gpu_bridge.protocol.arrays", "sklearn_gpu_bridge.protocol.ops", "sklearn_gpu_bridge.protocol.session",
-    "sklearn_gpu_bridge.protocol.reply_slot",
+    "sklearn_gpu_bridge.protocol.reply_slot", "sklearn_gpu_bridge.protocol.rehearsal",
     "sklearn_gpu_bridge.shm", "sklearn_gpu_bridge.shm.pool", "sklearn_gpu_bridge.portable",
 }
 #: command-line entry points: may import both sides
