@@ -142,7 +142,7 @@ class _Link:
         self.next_token = None  # what the worker watches the request slot for after the last reply, if it does
         self.ring = None  # the doorbell's datagram that names the request slot (reply_slot.ring_of)
         self.watch = None  # the request slot's watch word (reply_slot.watch_word), read before each ring
-        self.rehearse = False  # a heads-up rang: the worker had been idle, and this thread's reply waits warm
+        self.rehearse = False  # this call rang a heads-up (the worker had been idle): read its reply after a rehearsal
         self.rehearsal = None  # its protocol.rehearsal.Rehearsal, made at its first
         self.closed = False
         self._close_lock = threading.Lock()
@@ -451,6 +451,7 @@ class Connection:
         if releases:
             header["release"] = releases
         link = self._link()
+        rehearse, link.rehearse = link.rehearse, False  # this call's heads-up's, never a later call's
         link.disconnected()  # forget drops that happened before this request (a reconnected link keeps its name)
         if slot is None:
             link.drop_copies(self.session.unpack)
@@ -459,7 +460,8 @@ class Connection:
         frames = self.session.pack(header, buffers, digests)
         sent = time.monotonic()  # before the send: a send can return after the worker has the message
         held = link.send(frames, self._doorbell, hold=slot is not None)
-        reply = self._watch(*slot, header["reply_slot"]["token"], header["id"], held, link) if slot is not None else None
+        reply = (self._watch(*slot, header["reply_slot"]["token"], header["id"], held, link, rehearse)
+                 if slot is not None else None)
         if reply is not None:
             link.copies += 1  # its ZeroMQ copy is on its way: dropped unread before the next request
             reply, reply_buffers = reply
@@ -487,7 +489,7 @@ class Connection:
         return {"segment": block.segment, "offset": block.offset, "nbytes": block.nbytes,
                 "token": reply_slot.new_token()}
 
-    def _watch(self, block, seconds, token, msg_id, held=None, link=None):
+    def _watch(self, block, seconds, token, msg_id, held=None, link=None, rehearse=False):
         """The reply from the request's reply slot, spinning on its first word for at most ``seconds``;
         None to wait on the socket instead (time up, it did not fit, it does not verify).
 
@@ -498,16 +500,17 @@ class Connection:
         returns without a reply (a request that comes back with its reply in the slot was taken). ``link``:
         whose ZeroMQ copies of earlier replies are dropped meanwhile (:meth:`_Link.drop_copies`), in the time
         that waiting has to spare; a ZeroMQ socket keeps the order of messages, so they come before this
-        reply's own copy, which is never dropped here. After a heads-up (the worker had been idle, and so had
-        this thread's reply steps), a rehearsal of those steps comes first (protocol.rehearsal).
+        reply's own copy, which is never dropped here. ``rehearse``: the call rang a heads-up (the worker had
+        been idle, and so had this thread's reply steps): a rehearsal of those steps comes first, while the
+        worker runs the request (protocol.rehearsal); one that fails turns them off (said once).
         """
-        if link is not None and link.rehearse:  # while the worker runs the request: the reply's steps, warm
-            link.rehearse = False
+        if rehearse and link is not None and self._rehearse:
             try:
                 link.rehearsal = link.rehearsal or rehearsal.Rehearsal()
                 link.rehearsal.client()
             except Exception:  # noqa: BLE001 - it only warms the caches: the reply is read all the same
-                log.exception("a rehearsal failed")
+                self._rehearse = False
+                log.exception("a rehearsal failed; this connection rehearses no more")
         memory = block.buffer()
         state = reply_slot.state_word(memory)
         deadline = time.monotonic() + seconds
@@ -823,7 +826,10 @@ class Connection:
         validate and encode its request then finds a worker thread awake, not one that the ring sent with
         the request must wake first (``Worker._answer_bell``; a ring for an empty slot starts a watch)."""
         link, doorbell = getattr(self._local, "link", None), self._doorbell  # read once: close() may clear it
-        if (link is not None and link.next_token is not None and doorbell is not None and not self.closed
+        if link is None:
+            return
+        link.rehearse = False  # an earlier call's heads-up (its request never sent) is not this one's
+        if (link.next_token is not None and doorbell is not None and not self.closed
                 and link.watch[0] != link.next_token and self.pid == os.getpid()):
             _ring(doorbell, link.ring)
             link.rehearse = self._rehearse

@@ -25,29 +25,65 @@ def ringing_worker(tmp_path, monkeypatch):
     yield from _worker_in_this_process(tmp_path, monkeypatch, 0.0)
 
 
-def _transform_after_a_heads_up(worker, connection, monkeypatch, X):
-    """A GPUStandardScaler fitted, then its transform called with the request slot armed (the worker's watch after
-    the fit's reply has ended, as after an idle gap). The heads-up the call rings first is rung here, and the
-    call made once a thread watches: the worker runs in this process, and on a busy host its reader could
-    otherwise find the request written already (it is then rung, and no heads-up)."""
-    monkeypatch.setattr(client, "_connection", connection)  # the estimators' connection
+def _scaled_after_a_heads_up(worker, connection, X):
+    """``fit_transform`` of a StandardScaler on the worker with the request slot armed (the worker's watch after
+    the last reply has ended, as after an idle gap), after the heads-up an estimator's call rings first, once a
+    thread watches: the worker runs in this process, and on a busy host its reader could otherwise find the
+    request written already (it is then rung, and no heads-up). The call itself is the connection's, which
+    rings nothing more."""
     with sklearn_gpu_bridge.config_context(reply_wait="spin"):
-        scaler = GPUStandardScaler().fit(X)
+        connection.fit("StandardScaler", {}, "fit", [X], {})
         _armed(worker, connection)
         worker.watch_ms = 60_000.0  # from now on a watch lasts until the request comes
-        client.heads_up()  # what the estimator's call does first
+        connection.heads_up()
         assert wait_until(lambda: _watched_for_next(connection), 10), "no thread watched after the heads-up"
-        return scaler.transform(X)
+        return connection.fit("StandardScaler", {}, "fit_transform", [X], {}).result
 
 
-def test_after_an_idle_gap_both_sides_rehearse_and_the_answer_is_the_same(ringing_worker, monkeypatch):
+@pytest.fixture
+def client_rehearsals(monkeypatch):
+    """The client's rehearsals, counted as they run."""
+    walked = []
+    real = rehearsal.Rehearsal.client
+
+    def counted(self):
+        walked.append(self)
+        return real(self)
+
+    monkeypatch.setattr(rehearsal.Rehearsal, "client", counted)
+    return walked
+
+
+def test_after_an_idle_gap_both_sides_rehearse_and_the_answer_is_the_same(ringing_worker, client_rehearsals):
     worker, connect = ringing_worker
     connection = connect()
     X = np.random.default_rng(20).standard_normal((40, 3))
-    assert_same(_transform_after_a_heads_up(worker, connection, monkeypatch, X), StandardScaler().fit(X).transform(X))
+    assert_same(_scaled_after_a_heads_up(worker, connection, X), StandardScaler().fit_transform(X))
     assert worker.counts["heads_up"] == 1 and worker.counts["rehearsals"] == 1
-    assert connection._link().rehearsal is not None  # the client rehearsed while the worker ran the call
+    assert len(client_rehearsals) == 1 and not connection._link().rehearse  # while the worker ran the call
+    assert worker.counts["from_slot"] == 1 and worker.counts["failed"] == 0
     assert not worker.session.refused, worker.session.refused
+
+
+def test_a_heads_up_whose_call_failed_its_check_leaves_no_rehearsal_to_the_next(ringing_worker, monkeypatch,
+                                                                                 client_rehearsals):
+    """A call rings ahead and then fails scikit-learn's check (nothing is sent): the next call, back to back,
+    finds a thread watching, rings nothing, and reads its reply without a rehearsal."""
+    worker, connect = ringing_worker
+    connection = connect()
+    monkeypatch.setattr(client, "_connection", connection)  # the estimators' connection
+    X = np.random.default_rng(25).standard_normal((40, 3))
+    with sklearn_gpu_bridge.config_context(reply_wait="spin"):
+        scaler = GPUStandardScaler().fit(X)
+        _armed(worker, connection)
+        worker.watch_ms = 60_000.0
+        with pytest.raises(ValueError, match="features"):
+            scaler.transform(X[:, :2])
+        assert connection._link().rehearse  # it rang: its heads-up's rehearsal was due
+        assert wait_until(lambda: _watched_for_next(connection), 10)
+        assert_same(scaler.transform(X), StandardScaler().fit(X).transform(X))
+    assert client_rehearsals == [] and not connection._link().rehearse
+    assert worker.counts["heads_up"] == 1 and worker.counts["rehearsals"] == 1
 
 
 def test_back_to_back_calls_do_not_rehearse(ringing_worker, monkeypatch):
@@ -87,8 +123,8 @@ def test_ringing_on_buys_one_rehearsal_a_reply(ringing_worker):
 
 
 def test_a_rehearsal_is_signed_with_a_key_of_its_own_and_never_passes_for_a_message(ringing_worker):
-    """Its messages are signed with a key of their own: the worker's session refuses them, and nothing the
-    rehearsal writes is in a slot anyone else reads."""
+    """Its messages are signed with a key of their own: the worker's session refuses them, and the rehearsal's
+    session refuses the worker's (its slot is a buffer of its own, in no pool)."""
     worker, connect = ringing_worker
     connect()
     assert worker._rehearsal is not None
@@ -98,42 +134,53 @@ def test_a_rehearsal_is_signed_with_a_key_of_its_own_and_never_passes_for_a_mess
         worker._rehearsal.session.unpack(worker.session.pack({"op": "echo", "id": "x", "client": "c"}))
 
 
-def test_a_rehearsal_stops_for_the_request_it_stands_in_for():
-    """Between its steps, ``stop()`` ends it: a request that has come is not kept waiting for the rest."""
+@pytest.mark.parametrize("steps, written", [(0, None), (1, "echo"), (2, "echo"), (None, "reply")])
+def test_a_rehearsal_stops_for_the_request_it_stands_in_for(steps, written):
+    """``stop()`` is asked before each step: a request that has come (or other work, before it began) is not
+    kept waiting for the rest. What the slot holds says how far it went."""
+    asked = []
+
+    def stop():
+        asked.append(True)
+        return steps is not None and len(asked) > steps
+
     walked = rehearsal.Rehearsal()
-    walked.worker()
-    stopped = rehearsal.Rehearsal()
-    stopped.worker(stop=lambda: True)
-    ops = [r.session.unpack(reply_slot.read(r.slot))[0]["op"] for r in (walked, stopped)]
-    assert ops == ["reply", "echo"]  # the whole walk ends with the reply written; the stopped one, at the request
+    walked.worker(stop=stop)
+    frames = reply_slot.read(walked.slot)
+    assert (None if frames is None else walked.session.unpack(frames)[0]["op"]) == written
     assert walked.client().tolist() == [0, 0, 0, 0]
 
 
-def test_a_rehearsal_that_fails_costs_the_call_nothing(ringing_worker, monkeypatch):
+def test_a_rehearsal_that_fails_costs_the_call_nothing_and_turns_them_off(ringing_worker):
     worker, connect = ringing_worker
     connection = connect()
+    failed = []
 
     def broken(*args, **kwargs):
+        failed.append(args[0])
         raise RuntimeError("a bug in a rehearsal")
 
-    monkeypatch.setattr(rehearsal.Rehearsal, "worker", broken)
-    monkeypatch.setattr(rehearsal.Rehearsal, "client", broken)
     X = np.random.default_rng(23).standard_normal((40, 3))
-    assert_same(_transform_after_a_heads_up(worker, connection, monkeypatch, X), StandardScaler().fit(X).transform(X))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(rehearsal.Rehearsal, "worker", broken)
+        patch.setattr(rehearsal.Rehearsal, "client", broken)
+        assert_same(_scaled_after_a_heads_up(worker, connection, X), StandardScaler().fit_transform(X))
+    assert len(failed) == 2  # the worker's, then the client's
     assert worker.counts["heads_up"] == 1 and worker.counts["rehearsals"] == 0
+    assert worker.counts["from_slot"] == 1 and worker.counts["failed"] == 0  # taken from its slot all the same
+    assert worker._rehearsal is None and not connection._rehearse  # said once, then no more
     assert connection.ping()
 
 
-def test_rehearse_0_turns_them_off_on_both_sides(tmp_path, monkeypatch):
+def test_rehearse_0_turns_them_off_on_both_sides(tmp_path, monkeypatch, client_rehearsals):
     monkeypatch.setenv(rehearsal.REHEARSE_ENV, "0")
     gen = _worker_in_this_process(tmp_path, monkeypatch, 0.0)  # started with the setting in its environment
     worker, connect = next(gen)
     try:
         connection = connect()
         X = np.random.default_rng(24).standard_normal((40, 3))
-        assert_same(_transform_after_a_heads_up(worker, connection, monkeypatch, X),
-                    StandardScaler().fit(X).transform(X))
+        assert_same(_scaled_after_a_heads_up(worker, connection, X), StandardScaler().fit_transform(X))
         assert worker.counts["heads_up"] == 1 and worker.counts["rehearsals"] == 0
-        assert worker._rehearsal is None and connection._link().rehearsal is None
+        assert worker._rehearsal is None and client_rehearsals == []
     finally:
         next(gen, None)

@@ -472,12 +472,13 @@ class Worker:
         """Watch the request slot that ``header`` names as ``next_slot`` for ``token`` for up to ``watch_ms``,
         or until ``give_way()``; take the request written there (True if it was queued as work). A watch that
         times out or gives way arms the slot (the client rings from then on), marked as watched for a heads-up
-        if this watch was one: a slot gets one such watch per reply."""
+        if this watch was one: a slot gets one such watch per reply. A heads-up's watch starts with a rehearsal
+        (:meth:`_rehearse`), within its ``watch_ms``."""
         state, watch = reply_slot.state_word(memory), reply_slot.watch_word(memory)
         watch[0] = token  # the client need not ring
+        deadline = time.monotonic() + self.watch_ms / 1000
         if heads_up and self._rehearsal is not None:  # the client checks its input: walk a request's steps
             self._rehearse(lambda: state[0] in (token, -token) or give_way())
-        deadline = time.monotonic() + self.watch_ms / 1000
         while state[0] not in (token, -token) and not self._stopping.is_set():
             if time.monotonic() > deadline or give_way():
                 watch[0] = 0  # the client rings from now on, and the doorbell says when to look: armed
@@ -587,19 +588,19 @@ class Worker:
 
     def _rehearse(self, stop):
         """Walk a request's steps on a made-up one (protocol.rehearsal), in the context a request runs in,
-        until ``stop()``: the request has come, or other work has."""
+        until ``stop()``: the request has come, or other work has. One that fails turns rehearsals off (said
+        once): they only warm the caches."""
+        @contextlib.contextmanager
         def around():
-            stack = contextlib.ExitStack()
-            stack.enter_context(caught_warnings())
-            stack.enter_context(self.backend.output_context("transform"))
-            stack.enter_context(checked_finite(True))
-            return stack
+            with caught_warnings(), self.backend.output_context("transform"), checked_finite(True):
+                yield
 
         try:
             self._rehearsal.worker(around, stop)
-            self.counts["rehearsals"] += 1
-        except Exception:  # noqa: BLE001 - a rehearsal only warms the caches: the request runs all the same
-            log.exception("a rehearsal failed")
+            self.counts["rehearsals"] += 1  # begun: one may stop at its first step
+        except Exception:  # noqa: BLE001 - the request runs all the same
+            self._rehearsal = None
+            log.exception("a rehearsal failed; this worker rehearses no more")
 
     def _reader_gives_way(self):
         """A heads-up's watch, on the reader's thread, gives way to any other request and to any input."""

@@ -32,9 +32,9 @@ def wanted():
 
 
 class Rehearsal:
-    """One thread's rehearsals: a made-up request and its reply, signed once with a key of their own by a
-    session without replay memory (it reads them again and again; nothing it signs is ever sent or received),
-    and a slot of their own."""
+    """Rehearsals for one thread at a time (a client's thread; the worker's reading thread, whichever leads):
+    a made-up request and reply, signed with a key of their own by a session without replay memory (it reads
+    them again and again; nothing it signs is ever sent or received), and a slot of their own."""
 
     def __init__(self):
         self.session = Session(os.urandom(32))
@@ -57,7 +57,9 @@ class Rehearsal:
     def worker(self, around=contextlib.nullcontext, stop=lambda: False):
         """A worker's steps of a request: read it, decode it, then, in ``around()`` (the context a request runs
         in), take its arrays; encode the reply, sign it and write it into the slot. Between the steps, ``stop()``
-        ends the rehearsal: the real request has come."""
+        ends the rehearsal: the real request has come (or other work has, before it began)."""
+        if stop():
+            return
         payload = self._read(self.request)
         if stop():
             return
