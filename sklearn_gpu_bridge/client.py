@@ -142,7 +142,7 @@ class _Link:
         self.next_token = None  # what the worker watches the request slot for after the last reply, if it does
         self.ring = None  # the doorbell's datagram that names the request slot (reply_slot.ring_of)
         self.watch = None  # the request slot's watch word (reply_slot.watch_word), read before each ring
-        self.rehearse = False  # this call rang a heads-up (the worker had been idle): read its reply after a rehearsal
+        self.rehearse_reply = False  # this call rang a heads-up (the worker was idle): rehearse before its reply
         self.rehearsal = None  # its protocol.rehearsal.Rehearsal, made at its first
         self.closed = False
         self._close_lock = threading.Lock()
@@ -347,7 +347,7 @@ class Connection:
         # request slots of links that are gone: the worker may still write into one (its watch word, a late
         # mark), so each is kept for another thread's requests, never given back to the pool for arrays
         self._spare_request_slots = deque()
-        self._rehearse = rehearsal.wanted()
+        self._rehearsals_on = rehearsal.wanted()
         self._cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         try:
             self.capabilities = self._hello()
@@ -451,7 +451,7 @@ class Connection:
         if releases:
             header["release"] = releases
         link = self._link()
-        rehearse, link.rehearse = link.rehearse, False  # this call's heads-up's, never a later call's
+        rehearse, link.rehearse_reply = link.rehearse_reply, False  # this call's heads-up's, never a later call's
         link.disconnected()  # forget drops that happened before this request (a reconnected link keeps its name)
         if slot is None:
             link.drop_copies(self.session.unpack)
@@ -504,12 +504,12 @@ class Connection:
         been idle, and so had this thread's reply steps): a rehearsal of those steps comes first, while the
         worker runs the request (protocol.rehearsal); one that fails turns them off (said once).
         """
-        if rehearse and link is not None and self._rehearse:
+        if rehearse and link is not None and self._rehearsals_on:
             try:
                 link.rehearsal = link.rehearsal or rehearsal.Rehearsal()
                 link.rehearsal.client()
             except Exception:  # noqa: BLE001 - it only warms the caches: the reply is read all the same
-                self._rehearse = False
+                self._rehearsals_on = False
                 log.exception("a rehearsal failed; this connection rehearses no more")
         memory = block.buffer()
         state = reply_slot.state_word(memory)
@@ -828,11 +828,11 @@ class Connection:
         link, doorbell = getattr(self._local, "link", None), self._doorbell  # read once: close() may clear it
         if link is None:
             return
-        link.rehearse = False  # an earlier call's heads-up (its request never sent) is not this one's
+        link.rehearse_reply = False  # an earlier call's heads-up (its request never sent) is not this one's
         if (link.next_token is not None and doorbell is not None and not self.closed
                 and link.watch[0] != link.next_token and self.pid == os.getpid()):
             _ring(doorbell, link.ring)
-            link.rehearse = self._rehearse
+            link.rehearse_reply = self._rehearsals_on
 
     def schedule_release(self, handle):
         """Called from finalizers: no I/O here, the next request carries it."""

@@ -60,7 +60,7 @@ def test_after_an_idle_gap_both_sides_rehearse_and_the_answer_is_the_same(ringin
     X = np.random.default_rng(20).standard_normal((40, 3))
     assert_same(_scaled_after_a_heads_up(worker, connection, X), StandardScaler().fit_transform(X))
     assert worker.counts["heads_up"] == 1 and worker.counts["rehearsals"] == 1
-    assert len(client_rehearsals) == 1 and not connection._link().rehearse  # while the worker ran the call
+    assert len(client_rehearsals) == 1 and not connection._link().rehearse_reply  # while the worker ran the call
     assert worker.counts["from_slot"] == 1 and worker.counts["failed"] == 0
     assert not worker.session.refused, worker.session.refused
 
@@ -79,10 +79,10 @@ def test_a_heads_up_whose_call_failed_its_check_leaves_no_rehearsal_to_the_next(
         worker.watch_ms = 60_000.0
         with pytest.raises(ValueError, match="features"):
             scaler.transform(X[:, :2])
-        assert connection._link().rehearse  # it rang: its heads-up's rehearsal was due
+        assert connection._link().rehearse_reply  # it rang: its heads-up's rehearsal was due
         assert wait_until(lambda: _watched_for_next(connection), 10)
         assert_same(scaler.transform(X), StandardScaler().fit(X).transform(X))
-    assert client_rehearsals == [] and not connection._link().rehearse
+    assert client_rehearsals == [] and not connection._link().rehearse_reply
     assert worker.counts["heads_up"] == 1 and worker.counts["rehearsals"] == 1
 
 
@@ -168,7 +168,7 @@ def test_a_rehearsal_that_fails_costs_the_call_nothing_and_turns_them_off(ringin
     assert len(failed) == 2  # the worker's, then the client's
     assert worker.counts["heads_up"] == 1 and worker.counts["rehearsals"] == 0
     assert worker.counts["from_slot"] == 1 and worker.counts["failed"] == 0  # taken from its slot all the same
-    assert worker._rehearsal is None and not connection._rehearse  # said once, then no more
+    assert worker._rehearsal is None and not connection._rehearsals_on  # said once, then no more
     assert connection.ping()
 
 

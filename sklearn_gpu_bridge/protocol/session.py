@@ -203,8 +203,8 @@ class Session:
         self._key = key if isinstance(key, bytes) else key.encode()
         # keyed once; each message is signed by a copy. hmac.digest(key, data, "sha256") looks the digest up
         # by its name and keys it again every time: 82-91 us a signature after a gc.collect() on the 2-core
-        # VM, 50-61 us by a copy, alike back to back (2-3 us; benchmarks/sign_cost.py). Each process signs
-        # twice a call, the first time cold after a pause
+        # VM, 50-61 us by a copy, alike back to back (2-3 us; benchmarks/sign_cost.py). Each process hashes
+        # twice a call (it signs its message and checks the other's), the first time cold after a pause
         self._hmac = hmac.new(self._key, digestmod="sha256")
         self.peer, self.me = peer, me
         self.max_skew = max_skew
