@@ -546,7 +546,7 @@ def test_an_estimator_call_rings_ahead_and_its_request_is_taken_by_a_thread_alre
 
 
 @pytest.mark.parametrize("kind", ["ndarray", "DataFrame"])
-def test_a_call_whose_x_is_copied_on_all_cores_does_not_ring_ahead(ringing_worker, monkeypatch, kind, spin_long,
+def test_a_call_whose_x_is_copied_on_all_cores_does_not_ring_ahead(ringing_worker, monkeypatch, kind,
                                                                     copies_held_long):
     """An X of PARALLEL_MIN bytes or more is copied into the pool on all cores, for longer than a watch lasts:
     a thread watching meanwhile would only take a core from the copy. Such a call rings with its request; a
@@ -568,15 +568,15 @@ def test_a_call_whose_x_is_copied_on_all_cores_does_not_ring_ahead(ringing_worke
     assert worker.counts["heads_up"] == 0 and worker.counts["rung"] == 1
 
 
-def test_a_watch_started_by_a_heads_up_gives_way_to_other_clients(ringing_worker, spin_long, copies_held_long):
+def test_a_watch_started_by_a_heads_up_gives_way_to_other_clients(ringing_worker, copies_held_long):
     """A heads-up has the reader itself watch the slot (a thread woken for it would cost what the heads-up
     saves), so the watch must not hold up anyone else: a client (hostile or not) that rings ahead and never
     sends keeps the reader for a minute without it. Another client's request is answered at once, and the
     slot is armed again for its owner's ring; ringing ahead again before a reply starts no second watch (a
     client that rang on and on would keep a core of the worker spinning).
 
-    The owner's requests go through the slot only (spin_long, copies_held_long): on a busy host the reader,
-    here in the test's process, could take a ZeroMQ copy sent after 2 ms before the ring (a CI run did)."""
+    The owner's requests go through the slot only (copies_held_long): on a busy host the reader, here in the
+    test's process, could take a ZeroMQ copy sent after 2 ms before the ring (a CI run did)."""
     worker, connect = ringing_worker
     owner, other = connect(), connect()
     X = np.random.default_rng(13).standard_normal((30, 3))
