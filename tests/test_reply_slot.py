@@ -743,8 +743,8 @@ def test_a_ring_flood_takes_one_turn_of_rings_at_a_time(ringing_worker, monkeypa
     try:
         assert wait_until(lambda: worker.counts["rings"] > 10 * server.RINGS_IN_TURN, 20), "the flood never came"
         pings = 0
-        flooding = lambda: all(flooder.poll() is None for flooder in flooders)  # noqa: E731
-        while pings < 50 or (worker.counts["rings"] < 20 * server.RINGS_IN_TURN and flooding()):
+        while pings < 50 or (worker.counts["rings"] < 20 * server.RINGS_IN_TURN
+                             and all(flooder.poll() is None for flooder in flooders)):  # until the flood ends
             assert connection.ping(timeout=10), "a ping was not answered during the flood"
             pings += 1
     finally:
