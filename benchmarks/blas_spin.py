@@ -37,7 +37,8 @@ GAPS_MS = (0, 25, 50, 100, 150, 250)
 
 def worker_threads(runs, blas_threads, reply_wait):
     """Medians of the heads-up ring (µs) and of whole calls (ms), fit and predict, after ``gc.collect()``,
-    through a scikit-learn worker whose OpenBLAS has ``blas_threads`` threads (None: its default)."""
+    through a scikit-learn worker whose OpenBLAS has ``blas_threads`` threads (None: its default). Only a
+    client that spins for its replies (``reply_wait``) rings: with ``sleep``, no ring is timed."""
     rings, real_ring = [], client._ring
 
     def timed_ring(doorbell, ring):
@@ -64,7 +65,8 @@ def worker_threads(runs, blas_threads, reply_wait):
                 start = time.perf_counter()
                 call()
                 whole.append(time.perf_counter() - start)
-            measured[name] = {"ring_us": statistics.median(rings) * 1e6, "call_ms": statistics.median(whole) * 1e3}
+            measured[name] = {"ring_us": statistics.median(rings) * 1e6 if rings else None,  # none: never rang
+                              "call_ms": statistics.median(whole) * 1e3}
         return measured
     finally:
         client._ring = real_ring
