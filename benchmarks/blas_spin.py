@@ -18,17 +18,18 @@ from them:
 Medians in ms (the ring: µs).
 """
 
-import contextlib
 import gc
 import json
 import os
 import statistics
 import time
+from pathlib import Path
 
 import numpy as np
 
 import sklearn_gpu_bridge
 from client_checks import report
+from dask_grid import environment
 from e2e import bridge_parser, bridged_to_new_worker, labelled
 from sklearn_gpu_bridge import client
 
@@ -48,7 +49,7 @@ def worker_threads(runs, blas_threads, reply_wait):
 
     X, y = labelled(5000, 20, np.random.default_rng(0))
     calls = {"fit": lambda: sklearn_gpu_bridge.GPULogisticRegression().fit(X, y)}
-    with _worker_env(blas_threads):
+    with environment(OPENBLAS_NUM_THREADS=None if blas_threads is None else str(blas_threads)):
         worker = bridged_to_new_worker("sklearn", reply_wait=reply_wait)
     client._ring = timed_ring
     try:
@@ -79,7 +80,7 @@ def after_blas_here(runs, reply_wait):
     after none (the worker's OpenBLAS limited to one thread)."""
     X, y = labelled(5000, 20, np.random.default_rng(0))
     A = np.random.default_rng(1).standard_normal((300, 300))
-    with _worker_env(1):
+    with environment(OPENBLAS_NUM_THREADS="1"):  # read by the worker: this process's OpenBLAS has started
         worker = bridged_to_new_worker("sklearn", reply_wait=reply_wait)
     try:
         fitted = sklearn_gpu_bridge.GPULogisticRegression().fit(X, y)
@@ -101,28 +102,13 @@ def after_blas_here(runs, reply_wait):
         worker.stop()
 
 
-@contextlib.contextmanager
-def _worker_env(threads):
-    """``OPENBLAS_NUM_THREADS`` set for a worker started inside (this process's OpenBLAS has read it already)."""
-    before = os.environ.get("OPENBLAS_NUM_THREADS")
-    if threads is not None:
-        os.environ["OPENBLAS_NUM_THREADS"] = str(threads)
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop("OPENBLAS_NUM_THREADS", None)
-        else:
-            os.environ["OPENBLAS_NUM_THREADS"] = before
-
-
 def after_sklearn(path):
     """{case (between): medians after the scikit-learn way's call and after another's} of an e2e.py JSON.
 
     A round runs ``names[r % 3:] + names[:r % 3]`` of (sklearn, cuml, bridge): the bridge follows
     scikit-learn in rounds r % 3 == 2, cuML in rounds r % 3 in (0, 2)."""
     rows = {}
-    for case in json.loads(open(path).read()).get("cases", []):
+    for case in json.loads(Path(path).read_text()).get("cases", []):
         ways = [way for way, value in case.items() if isinstance(value, dict) and "times" in value]
         if ways != ["sklearn", "cuml", "bridge"] or not case["bridge"].get("interleaved"):
             continue
