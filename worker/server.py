@@ -590,17 +590,19 @@ class Worker:
         """Walk a request's steps on a made-up one (protocol.rehearsal), in the context a request runs in,
         until ``stop()``: the request has come, or other work has. One that fails turns rehearsals off (said
         once): they only warm the caches."""
-        @contextlib.contextmanager
-        def around():
-            with caught_warnings(), self.backend.output_context("transform"), checked_finite(True):
-                yield
-
         try:
-            self._rehearsal.worker(around, stop)
+            self._rehearsal.worker(self._rehearsal_context, stop)
             self.counts["rehearsals"] += 1  # begun: one may stop at its first step
         except Exception:  # noqa: BLE001 - the request runs all the same
             self._rehearsal = None
             log.exception("a rehearsal failed; this worker rehearses no more")
+
+    @contextlib.contextmanager
+    def _rehearsal_context(self):
+        """The contexts a request's operation runs in (``_handle``'s caught warnings, the backend's output type
+        and finite check), entered as one: none stays entered if another fails to."""
+        with caught_warnings(), self.backend.output_context("transform"), checked_finite(True):
+            yield
 
     def _reader_gives_way(self):
         """A heads-up's watch, on the reader's thread, gives way to any other request and to any input."""
