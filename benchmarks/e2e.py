@@ -327,16 +327,22 @@ BETWEEN = {
     "timeit": "nothing; the collector off",
     # the worker's idle gap without the warming: a sleep as long as a collection takes here
     "pause": "a pause as long as a collection",
+    # the caller's core kept busy as long, touching no objects: tells a warmed core from warmed caches
+    "spin": "a busy wait as long as a collection",
 }
 
 
 def before_call(between, pause):
     """What comes before a timed call (BETWEEN, PROFILE_BETWEEN): a collection, a ``pause`` of that many
-    seconds, or nothing."""
+    seconds (asleep, or busy for "spin"), or nothing."""
     if between == "collect":
         gc.collect()
     elif between == "pause":
         time.sleep(pause)
+    elif between == "spin":
+        end = time.perf_counter() + pause
+        while time.perf_counter() < end:
+            pass
 
 
 def collection_seconds(runs=5):
@@ -357,7 +363,7 @@ def timed_together(runs, repeats, between="collect"):
     names = list(runs)
     for name in names:
         runs[name]()
-    pause = collection_seconds() if between == "pause" else 0.0
+    pause = collection_seconds() if between in ("pause", "spin") else 0.0
     times = {name: [] for name in names}
     rounds = 0
     collector_was_on = gc.isenabled()

@@ -474,6 +474,28 @@ for n in range(int(lo), int(hi or lo) + 1)]; print(",".join(map(str, c[:4])))' "
         step 150 "$OUT/rehearse-legs-$rehearse.txt" env SKLEARN_GPU_BRIDGE_REHEARSE=$rehearse python3 benchmarks/e2e.py \
           --parts profile --only "$small" --out /tmp/legs.json
       done ;;
+    head)  # issue 15, eighteenth session: the tree as it stands (the rehearsal's contexts made once, the tests'
+      # mends) with the cuML worker: the reply slots', the rehearsals', the worker's and the trust tests; then the
+      # three float32 small cases after gc.collect()s and after pauses, ROUNDS times (default 3), the first FIRST_ROUND
+      # (NO_TESTS=1: the rounds alone)
+      [ -n "${NO_TESTS:-}" ] || step 300 "$OUT/pytest-cuml-head.txt" "${PYTEST[@]}" -q -rfEs --tb=short \
+        tests/test_reply_slot.py tests/test_rehearsal.py tests/test_worker.py tests/test_trust.py
+      small='StandardScaler fit_transform 5000x20$|LogisticRegression fit+predict 5000x20$|SVC(rbf) fit+predict 500x20$'
+      for round in $(seq "${FIRST_ROUND:-1}" $(( ${FIRST_ROUND:-1} + ${ROUNDS:-3} - 1 ))); do
+        step 250 "$OUT/head-small.txt" python3 benchmarks/e2e.py --parts cases --only "${SMALL:-$small}" \
+          --no-sklearn-large --between collect,pause --out "$OUT/e2e-head-$round.json"
+      done ;;
+    spin)  # the same session: why the in-process ways are faster after gc.collect() than after a pause as long. The
+      # LogisticRegression pair and StandardScaler after a collection, a sleep and a busy wait (spin) as long; the
+      # worker as it comes (watch_ms 3) and with its threads watching 400 ms after a reply (their cores kept busy
+      # through the gaps), alternated ROUNDS times (default 2)
+      small='StandardScaler fit_transform 5000x20$|LogisticRegression fit+predict 5000x20$'
+      for round in $(seq "${ROUNDS:-2}"); do
+        for watch in 3 400; do
+          step 250 "$OUT/spin.txt" env SKLEARN_GPU_BRIDGE_WORKER_WATCH_MS=$watch python3 benchmarks/e2e.py --parts cases \
+            --only "$small" --no-sklearn-large --between collect,pause,spin --out "$OUT/e2e-spin-watch-$watch-$round.json"
+        done
+      done ;;
     oom)  # the GPU's out-of-memory test and the allocator tests under the worker's default device memory
       step 200 "$OUT/pytest-cuml-oom.txt" "${PYTEST[@]}" -q -rfEs --tb=short tests/test_faults.py tests/test_worker.py \
         -k "out_of_memory or device_memory or memory_pools" ;;
