@@ -318,10 +318,9 @@ def _line(row):
 
 # What comes before each timed call of the small cases (``--between``):
 BETWEEN = {
-    # no call pays for a collection of the caller's garbage; but the collection walks every object of the
-    # caller's process, cuML's included, while the worker's process sits idle: cuML in process might start
-    # in caches the walk warmed (on the H200 machine it made no difference the runs could show:
-    # results/gpu-h200-1127c)
+    # no call pays for a collection of the caller's garbage; but the collection keeps the caller's core busy
+    # while the worker's process sits idle: the ways in process (cuML's, scikit-learn's) then run up to a
+    # millisecond faster than after a pause as long, and the bridge does not (results/gpu-h200-1127f)
     "collect": "gc.collect()",
     # timeit's way: one collection before the calls, the collector off while they run in turn back to back
     "timeit": "nothing; the collector off",
