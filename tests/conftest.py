@@ -5,6 +5,7 @@ The backend is scikit-learn on CPU unless SKLEARN_GPU_BRIDGE_TEST_BACKEND=cuml
 when a test using it fails.
 """
 
+import contextlib
 import json
 import os
 import pwd
@@ -15,10 +16,13 @@ import time
 
 import numpy as np
 import pytest
+import zmq
 
 import sklearn_gpu_bridge
 from sklearn_gpu_bridge.config import ENV_CONNECTION_FILE
+from sklearn_gpu_bridge.keys import secure
 from sklearn_gpu_bridge.launch import LaunchedWorker
+from sklearn_gpu_bridge.protocol import Session, new_id
 
 BACKEND = os.environ.get("SKLEARN_GPU_BRIDGE_TEST_BACKEND", "sklearn")
 
@@ -50,12 +54,48 @@ class WorkerProcess(LaunchedWorker):
         super().__init__(folder, backend=backend, log_level="INFO", **options)
 
 
+class RawClient:
+    """A DEALER socket to ``worker``, past its gate (``keys.secure``), that signs whatever it is given with ``key``
+    (the worker's own unless given) under its own client id: what the protocol, security and trust tests attack
+    the worker with. Every receive times out (``reply_ms``, unless given)."""
+
+    def __init__(self, worker, key=None, name="raw", reply_ms=5000):
+        self.info = worker.info
+        self.context = zmq.Context()
+        self.socket = secure(self.context.socket(zmq.DEALER), worker.info)
+        self.socket.linger = 0
+        self.socket.connect(worker.info.address)
+        self.session = Session(key or worker.info.key_bytes, peer=worker.info.worker_id)
+        self.client = f"{name}-{new_id()}"
+        self.reply_ms = reply_ms
+
+    def header(self, op, **fields):
+        return {"op": op, "id": new_id(), "client": self.client, **fields}
+
+    def receive(self, timeout_ms=None):
+        """The next reply (header, buffers), or None when none comes within ``timeout_ms``."""
+        if not self.socket.poll(self.reply_ms if timeout_ms is None else timeout_ms):
+            return None
+        return self.session.unpack(self.socket.recv_multipart())
+
+    def request(self, header, buffers=(), timeout_ms=None):
+        """Send ``header`` (signed) and return the reply, which must be the next message and answer it."""
+        self.socket.send_multipart(self.session.pack(header, buffers))
+        reply = self.receive(timeout_ms)
+        assert reply is not None, f"no reply to {header['op']!r}"
+        assert reply[0]["parent"] == header["id"]
+        return reply
+
+    def close(self):
+        self.socket.close(linger=0)
+        self.context.term()
+
+
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_makereport(item, call):
     report = yield
     if report.failed:
-        for name in ("worker", "fresh_worker"):
-            worker = item.funcargs.get(name) if hasattr(item, "funcargs") else None
+        for name, worker in getattr(item, "funcargs", {}).items():
             if isinstance(worker, WorkerProcess):
                 report.sections.append((f"{name} log", worker.log()[-5000:]))
     return report
@@ -83,15 +123,24 @@ def _bridge_to_worker(worker):
     yield
 
 
+@contextlib.contextmanager
+def own_worker(folder, shared, **options):
+    """A worker of one test with ``options`` (WorkerProcess's), used while the block runs; then ``shared`` again."""
+    process = WorkerProcess(folder, **options)
+    use_worker(process)
+    try:
+        yield process
+    finally:
+        sklearn_gpu_bridge.reset_connection()
+        process.stop()
+        use_worker(shared)
+
+
 @pytest.fixture
 def fresh_worker(tmp_path, worker):
     """A worker of this test alone (for tests that kill or restart it)."""
-    process = WorkerProcess(tmp_path)
-    use_worker(process)
-    yield process
-    sklearn_gpu_bridge.reset_connection()
-    process.stop()
-    use_worker(worker)
+    with own_worker(tmp_path, worker) as process:
+        yield process
 
 
 @pytest.fixture

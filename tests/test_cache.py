@@ -25,8 +25,8 @@ from sklearn_gpu_bridge.errors import CacheMiss
 from sklearn_gpu_bridge.protocol import BoundedLRU, Decoder, Encoder, KnownArrays, Session, fingerprint
 from sklearn_gpu_bridge.protocol.session import buffer_digest
 
-from .conftest import BACKEND, WorkerProcess, assert_same, assert_ulps, use_worker
-from .test_security import RawClient
+from .conftest import BACKEND, RawClient, WorkerProcess, assert_same, assert_ulps, own_worker
+
 
 MIN_BYTES = 100_000  # arrays of the tests are a few hundred KB: cached from this size on
 CACHED = {"transport": "frames", "array_cache": "on", "cache_min_bytes": MIN_BYTES}
@@ -277,12 +277,8 @@ def test_gridsearch_sends_each_fold_once_and_finds_the_same_model(worker):
 
 @pytest.fixture
 def small_cache_worker(tmp_path, worker):
-    process = WorkerProcess(tmp_path, array_cache_mb=1, client_timeout=1)
-    use_worker(process)
-    yield process
-    sklearn_gpu_bridge.reset_connection()
-    process.stop()
-    use_worker(worker)
+    with own_worker(tmp_path, worker, array_cache_mb=1, client_timeout=1) as process:
+        yield process
 
 
 def test_an_evicted_array_is_sent_again_and_results_are_right(small_cache_worker):

@@ -28,7 +28,7 @@ import sklearn_gpu_bridge
 from sklearn_gpu_bridge import GPUPCA, GPUSVC, GPUStandardScaler, WorkerLost
 from sklearn_gpu_bridge.host import pid_alive
 
-from .conftest import BACKEND, WorkerProcess, assert_same, record, use_worker, wait_until
+from .conftest import BACKEND, RawClient, WorkerProcess, assert_same, own_worker, record, wait_until
 
 LOST_WITHIN = 3.0  # seconds from SIGKILL to WorkerLost that the issue asks for
 CPU_ONLY = pytest.mark.skipif(BACKEND != "sklearn", reason="needs a fit of seconds; cuML is too fast for that here")
@@ -341,20 +341,14 @@ def test_killed_client_is_freed_and_the_next_client_is_served(fresh_worker, when
 @pytest.fixture
 def impatient_worker(tmp_path, worker):
     """A worker that frees clients it cannot watch after 1 s of silence."""
-    process = WorkerProcess(tmp_path, client_timeout=1)
-    use_worker(process)
-    yield process
-    sklearn_gpu_bridge.reset_connection()
-    process.stop()
-    use_worker(worker)
+    with own_worker(tmp_path, worker, client_timeout=1) as process:
+        yield process
 
 
 @pytest.mark.parametrize("fit", ["quick", pytest.param("longer-than-the-timeout", marks=CPU_ONLY)])
 def test_silent_client_that_cannot_be_watched_is_freed_after_the_timeout(impatient_worker, fit):
     """Silence counts from the worker's last answer: a fit longer than the timeout is no silence."""
-    from .test_security import RawClient  # a client without hello: no pid, no pool, no keepalive
-
-    raw = RawClient(impatient_worker)
+    raw = RawClient(impatient_worker)  # a client without hello: no pid, no pool, no keepalive
     try:
         if fit == "quick":
             X, estimator = np.arange(12.0).reshape(4, 3), "StandardScaler"
@@ -395,8 +389,6 @@ def test_idle_client_that_pings_keeps_its_handles(impatient_worker):
 
 
 def _status_of(worker):
-    from .test_security import RawClient
-
     raw = RawClient(worker)
     try:
         return raw.request(raw.header("status"))[0]

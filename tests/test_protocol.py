@@ -17,7 +17,6 @@ from concurrent.futures import ThreadPoolExecutor
 import msgpack
 import numpy as np
 import pytest
-import zmq
 
 import sklearn_gpu_bridge
 from sklearn_gpu_bridge.errors import ProtocolError
@@ -27,7 +26,7 @@ from sklearn_gpu_bridge.protocol import (
 from sklearn_gpu_bridge.protocol.session import MAX_TUPLE_DEPTH, StaleMessage
 from sklearn_gpu_bridge.shm import Pool, PoolAttachment, PoolError
 
-from .conftest import nested_tuples
+from .conftest import RawClient, nested_tuples
 
 KEY = os.urandom(32)
 RECV_TIMEOUT_MS = 5000
@@ -739,15 +738,8 @@ def test_mixed_arrays_round_trip_through_the_worker(worker, pool_setting):
 # ---------------------------------------------------------------- forged descriptors sent to the worker
 
 
-class RawClient:
-    """A DEALER socket that signs what it is given, however wrong; every receive times out."""
-
-    def __init__(self, worker):
-        self.context = zmq.Context()
-        self.socket = self.context.socket(zmq.DEALER)
-        self.socket.linger = 0
-        self.socket.connect(worker.info.address)
-        self.session = Session(worker.info.key_bytes, peer=worker.info.worker_id)
+class Forger(RawClient):
+    """A raw client (conftest.RawClient) that sends each header it is given, however wrong, under a new client id."""
 
     def send(self, header, buffers=()):
         header = {"id": new_id(), "client": "raw-" + new_id(), **header}
@@ -755,19 +747,15 @@ class RawClient:
         return header["id"]
 
     def reply(self, msg_id, timeout_ms=RECV_TIMEOUT_MS):
-        assert self.socket.poll(timeout_ms), "no reply from the worker"
-        reply, buffers = self.session.unpack(self.socket.recv_multipart())
-        assert reply["parent"] == msg_id
-        return reply, buffers
-
-    def close(self):
-        self.socket.close(linger=0)
-        self.context.term()
+        reply = self.receive(timeout_ms)
+        assert reply is not None, "no reply from the worker"
+        assert reply[0]["parent"] == msg_id
+        return reply
 
 
 @pytest.fixture
 def raw(worker):
-    client = RawClient(worker)
+    client = Forger(worker)
     yield client
     client.close()
 

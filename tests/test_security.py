@@ -29,50 +29,26 @@ import sklearn_gpu_bridge
 from sklearn_gpu_bridge import GPUStandardScaler, ProtocolError
 from sklearn_gpu_bridge.client import Connection
 from sklearn_gpu_bridge.errors import ConfigurationError
-from sklearn_gpu_bridge.keys import derived_client_pair, secure
+from sklearn_gpu_bridge.keys import derived_client_pair
 from sklearn_gpu_bridge.keys import make_pair as make_curve_keys
 from sklearn_gpu_bridge.protocol import Session, new_id
 from sklearn_gpu_bridge.worker import check_settings
 
-from .conftest import WorkerProcess, assert_same, nested_tuples, use_worker
+from .conftest import RawClient, WorkerProcess, assert_same, nested_tuples, use_worker
 
 NO_REPLY_MS = 1000  # how long refused messages are given to (wrongly) get a reply
 LATE_MS = 200  # and, after the ping proof, how long a late reply is still waited for
 REPLY_MS = 5000
 
 
-class RawClient:
-    """A DEALER socket to a worker; it signs with ``key`` (any key) and every receive times out."""
-
-    def __init__(self, worker, key=None):
-        self.context = zmq.Context()
-        self.socket = secure(self.context.socket(zmq.DEALER), worker.info)  # past the gate: what it sends is tested
-        self.socket.linger = 0
-        self.socket.connect(worker.info.address)
-        self.session = Session(key or worker.info.key_bytes, peer=worker.info.worker_id)
-        self.client = "raw-" + new_id()
-
-    def header(self, op, **fields):
-        return {"op": op, "id": new_id(), "client": self.client, **fields}
+class Stranger(RawClient):
+    """A raw client (conftest.RawClient) that signs with any key and checks what came back."""
 
     def frames(self, op, **fields):
         return self.session.pack(self.header(op, **fields))
 
     def send(self, frames):
         self.socket.send_multipart(frames)
-
-    def receive(self, timeout_ms=REPLY_MS):
-        """The next reply, or None when none comes within ``timeout_ms``."""
-        if not self.socket.poll(timeout_ms):
-            return None
-        return self.session.unpack(self.socket.recv_multipart())
-
-    def request(self, header, buffers=(), timeout_ms=REPLY_MS):
-        self.send(self.session.pack(header, buffers))
-        reply = self.receive(timeout_ms)
-        assert reply is not None, f"no reply to {header['op']!r}"
-        assert reply[0]["parent"] == header["id"]
-        return reply
 
     def assert_no_reply_and_still_served(self, wait_ms=LATE_MS):
         """A ping sent now gets the first reply (so what came before got none), then silence."""
@@ -81,14 +57,10 @@ class RawClient:
         assert reply["op"] == "reply"
         assert self.receive(wait_ms) is None
 
-    def close(self):
-        self.socket.close(linger=0)
-        self.context.term()
-
 
 @pytest.fixture
 def raw(worker):
-    client = RawClient(worker)
+    client = Stranger(worker, reply_ms=REPLY_MS)
     yield client
     client.close()
 
@@ -243,7 +215,7 @@ def test_two_workers_have_different_keys_and_refuse_each_other(worker, fresh_wor
     assert re.fullmatch(r"[0-9a-f]{64}", fresh_worker.info.key)
     assert fresh_worker.info.key != worker.info.key
     assert fresh_worker.info.address != worker.info.address
-    stranger = RawClient(fresh_worker, key=worker.info.key_bytes)  # the other worker's key
+    stranger = Stranger(fresh_worker, key=worker.info.key_bytes, reply_ms=REPLY_MS)  # the other worker's key
     try:
         stranger.send(stranger.frames("ping"))
         assert stranger.receive(LATE_MS) is None
@@ -423,7 +395,7 @@ def test_worker_uses_a_signing_key_it_is_given(tmp_path):
     process = WorkerProcess(tmp_path, key_file=tmp_path / "key")
     try:
         assert process.info.key == key
-        client = RawClient(process)
+        client = Stranger(process, reply_ms=REPLY_MS)
         try:
             assert client.request(client.header("ping"))[0]["op"] == "reply"
         finally:

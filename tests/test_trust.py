@@ -36,11 +36,11 @@ from sklearn_gpu_bridge.client import Connection
 from sklearn_gpu_bridge.connect import read_connection_file, read_key_file
 from sklearn_gpu_bridge.errors import ConfigurationError
 from sklearn_gpu_bridge.host import pid_alive
-from sklearn_gpu_bridge.keys import PLAIN_USER, secure
+from sklearn_gpu_bridge.keys import PLAIN_USER
 from sklearn_gpu_bridge.protocol import PROTOCOL_VERSION, Session, new_id
 from sklearn_gpu_bridge.shm import default_directory
 
-from .conftest import BACKEND, WorkerProcess, assert_same, record, use_worker, wait_until
+from .conftest import BACKEND, RawClient, WorkerProcess, assert_same, own_worker, record, wait_until
 
 REPLY_MS = 60_000
 CPU_ONLY = pytest.mark.skipif(BACKEND != "sklearn", reason="the slow fits these use are slow on the CPU backend")
@@ -340,39 +340,25 @@ def test_a_peer_without_the_key_cannot_stall_or_bloat_the_worker(tcp_worker, kin
 # ================================================================ a hostile client with the key
 
 
-class KeyHolder:
+class KeyHolder(RawClient):
     """A client that has the key (it read the connection file) but is not the victim: its own id, raw requests."""
 
     def __init__(self, worker):
-        self.info = worker.info
-        self.context = zmq.Context()
-        self.socket = secure(self.context.socket(zmq.DEALER), worker.info)
-        self.socket.linger = 0
-        self.socket.connect(worker.info.address)
-        self.session = Session(worker.info.key_bytes, peer=worker.info.worker_id)
-        self.client = "hostile-" + new_id()
+        super().__init__(worker, name="hostile", reply_ms=REPLY_MS)
 
     def send(self, op, buffers=(), **fields):
-        header = {"op": op, "id": new_id(), "client": self.client, **fields}
+        header = self.header(op, **fields)
         self.socket.send_multipart(self.session.pack(header, buffers))
         return header["id"]
 
-    def receive(self, timeout_ms=REPLY_MS):
-        if not self.socket.poll(timeout_ms):
-            return None
-        return self.session.unpack(self.socket.recv_multipart())
-
-    def request(self, op, buffers=(), **fields):
+    def ask(self, op, buffers=(), **fields):
+        """Send a request and wait for its reply, passing over late replies to earlier ones."""
         msg_id = self.send(op, buffers, **fields)
         while True:
             reply = self.receive()
             assert reply is not None, f"no reply to {op}"
             if reply[0].get("parent") == msg_id:
                 return reply
-
-    def close(self):
-        self.socket.close(linger=0)
-        self.context.term()
 
 
 @pytest.fixture
@@ -389,11 +375,11 @@ def test_another_clients_handle_is_not_there(connection, hostile):
     handle = victim._remote.handle
     for op, fields in [("call", {"method": "transform", "payload": {"args": [], "kwargs": {}}}),
                        ("attribute", {"name": "mean_"}), ("get_state", {})]:
-        reply, buffers = hostile.request(op, handle=handle, **fields)
+        reply, buffers = hostile.ask(op, handle=handle, **fields)
         assert reply["op"] == "error" and reply["mro"][0][1] == "KeyError", reply
         assert "this client has no estimator with handle" in reply["message"] and not buffers
-    hostile.request("release", release=[handle])
-    hostile.request("goodbye")
+    hostile.ask("release", release=[handle])
+    hostile.ask("goodbye")
     assert_same(victim.transform(X), StandardScaler().fit(X).transform(X))  # still there, still the victim's
 
 
@@ -402,16 +388,16 @@ def test_another_clients_pool_cannot_be_attached(connection, hostile):
     pool = connection.pool
     assert pool is not None
     victim_data = np.arange(50_000.0)  # travels in a pool block
-    reply, _ = hostile.request("hello", protocol_version=PROTOCOL_VERSION, pid=os.getpid(), pool=pool.describe())
+    reply, _ = hostile.ask("hello", protocol_version=PROTOCOL_VERSION, pid=os.getpid(), pool=pool.describe())
     slot = reply["pool_challenge"]
     assert slot is not None and reply["pool"] is False
     for guess in (bytes(32), b"\xff" * 32, os.urandom(32)):
-        attached, _ = hostile.request("attach", nonce=guess)
+        attached, _ = hostile.ask("attach", nonce=guess)
         assert attached["pool"] is False
-        reply, _ = hostile.request("hello", protocol_version=PROTOCOL_VERSION, pid=os.getpid(), pool=pool.describe())
+        reply, _ = hostile.ask("hello", protocol_version=PROTOCOL_VERSION, pid=os.getpid(), pool=pool.describe())
     desc = {"dtype": "<f8", "shape": [8], "order": "C", "where": "pool",
             "segment": pool.handshake.segment, "offset": 0}
-    reply, _ = hostile.request("echo", pool=pool.name, arrays=[desc],
+    reply, _ = hostile.ask("echo", pool=pool.name, arrays=[desc],
                                payload={"args": [{"__array__": 0}], "kwargs": {}})
     assert reply["op"] == "error" and "did not attach" in reply["message"]
     np.testing.assert_array_equal(connection.echo(victim_data)[0], victim_data)  # the victim's pool still works
@@ -427,7 +413,7 @@ def test_another_clients_pool_is_not_written_with_a_reply(connection, hostile):
         block.buffer()[:] = pattern
         slot = {"segment": block.segment, "offset": block.offset, "nbytes": block.nbytes, "token": 12345}
         for op in ("echo", "fit"):
-            reply, _ = hostile.request(op, pool=pool.name, reply_slot=slot, estimator="StandardScaler",
+            reply, _ = hostile.ask(op, pool=pool.name, reply_slot=slot, estimator="StandardScaler",
                                        method="fit", params={}, payload={"args": [], "kwargs": {}})
             assert reply["op"] == "error" and "did not attach" in reply["message"], reply
         np.testing.assert_array_equal(np.frombuffer(block.buffer(), np.uint8), pattern)
@@ -502,14 +488,10 @@ def test_a_message_for_an_earlier_run_is_refused_after_a_restart(tmp_path):
     second = WorkerProcess(tmp_path / "b", key_file=key)
     try:
         assert second.info.key == first.info.key and second.info.worker_id != first.info.worker_id
-        context = zmq.Context()
-        sock = context.socket(zmq.DEALER)
-        sock.linger = 0
-        sock.connect(second.info.address)
-        sock.send_multipart(recorded)
-        assert not sock.poll(1000)
-        sock.close(linger=0)
-        context.term()
+        replayer = RawClient(second)
+        replayer.socket.send_multipart(recorded)
+        assert replayer.receive(1000) is None
+        replayer.close()
         checker = Connection(second.info, pool="off")
         status = checker.status()
         checker.close()
@@ -536,12 +518,8 @@ def test_a_message_from_another_time_is_refused_with_the_reason(hostile, connect
 @pytest.fixture
 def busy_worker(tmp_path, worker):
     """One executor thread, so that queueing shows."""
-    process = WorkerProcess(tmp_path, threads=1)
-    use_worker(process)
-    yield process
-    sklearn_gpu_bridge.reset_connection()
-    process.stop()
-    use_worker(worker)
+    with own_worker(tmp_path, worker, threads=1) as process:
+        yield process
 
 
 def _slow_fit_fields():
@@ -562,7 +540,7 @@ def test_a_clients_backlog_waits_its_turn_and_goes_when_it_goes(busy_worker):
         time.sleep(0.5)  # the first is running
         X = np.arange(12.0).reshape(4, 3)
         desc = {"dtype": "<f8", "shape": [4, 3], "order": "C", "where": "inline", "data": X.tobytes()}
-        reply, _ = other.request("fit", estimator="StandardScaler", method="fit", params={}, arrays=[desc],
+        reply, _ = other.ask("fit", estimator="StandardScaler", method="fit", params={}, arrays=[desc],
                                  payload={"args": [{"__array__": 0}], "kwargs": {}})
         assert reply["op"] == "reply"
         other_arrived, other_done = reply["worker_span"]
