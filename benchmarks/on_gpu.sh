@@ -496,6 +496,13 @@ for n in range(int(lo), int(hi or lo) + 1)]; print(",".join(map(str, c[:4])))' "
             --only "$small" --no-sklearn-large --between collect,pause,spin --out "$OUT/e2e-spin-watch-$watch-$round.json"
         done
       done ;;
+    lr-repeats)  # next: the LogisticRegression pair with REPEATS calls of each way a run (default 200: the 90%
+      # intervals of a run of 45-49 were about half a millisecond either side, results/gpu-h200-1127f), after
+      # collections and after pauses, ROUNDS runs (default 2)
+      for round in $(seq "${ROUNDS:-2}"); do
+        step 400 "$OUT/lr-repeats.txt" python3 benchmarks/e2e.py --parts cases --only 'LogisticRegression fit+predict 5000x20$' \
+          --no-sklearn-large --repeats "${REPEATS:-200}" --between collect,pause --out "$OUT/e2e-lr-repeats-$round.json"
+      done ;;
     oom)  # the GPU's out-of-memory test and the allocator tests under the worker's default device memory
       step 200 "$OUT/pytest-cuml-oom.txt" "${PYTEST[@]}" -q -rfEs --tb=short tests/test_faults.py tests/test_worker.py \
         -k "out_of_memory or device_memory or memory_pools" ;;
