@@ -6,7 +6,9 @@
 # before-NAME.tar, `git archive`s, were carried), a client environment without cuML in
 # /tmp/client-site (pyzmq, blake3, msgpack and this project only),
 # and /tmp/run holding tests/, benchmarks/ and setup.cfg (run from there, so that the
-# checkout's own package folders do not shadow the installed ones).
+# checkout's own package folders do not shadow the installed ones). Both are copies made once: a
+# later call's checkout (an edited stage of on_gpu.sh, a changed module) reaches them only if
+# this script runs again in that call.
 set -euo pipefail
 SITE=/tmp/gpu-site
 PIP=(python3 -m pip install -q --no-deps --no-build-isolation --no-index)
