@@ -27,7 +27,6 @@ from sklearn_gpu_bridge.protocol.session import buffer_digest
 
 from .conftest import BACKEND, RawClient, WorkerProcess, assert_same, assert_ulps, own_worker
 
-
 MIN_BYTES = 100_000  # arrays of the tests are a few hundred KB: cached from this size on
 CACHED = {"transport": "frames", "array_cache": "on", "cache_min_bytes": MIN_BYTES}
 
