@@ -78,9 +78,14 @@ class RawClient:
             return None
         return self.session.unpack(self.socket.recv_multipart())
 
+    def send_header(self, header, buffers=()):
+        """Sign ``header`` (and ``buffers``) and send it; its id."""
+        self.socket.send_multipart(self.session.pack(header, buffers))
+        return header["id"]
+
     def request(self, header, buffers=(), timeout_ms=None):
         """Send ``header`` (signed) and return the reply, which must be the next message and answer it."""
-        self.socket.send_multipart(self.session.pack(header, buffers))
+        self.send_header(header, buffers)
         reply = self.receive(timeout_ms)
         assert reply is not None, f"no reply to {header['op']!r}"
         assert reply[0]["parent"] == header["id"]

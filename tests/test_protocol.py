@@ -742,9 +742,7 @@ class Forger(RawClient):
     """A raw client (conftest.RawClient) that sends each header it is given, however wrong, under a new client id."""
 
     def send(self, header, buffers=()):
-        header = {"id": new_id(), "client": "raw-" + new_id(), **header}
-        self.socket.send_multipart(self.session.pack(header, buffers))
-        return header["id"]
+        return self.send_header({"id": new_id(), "client": "raw-" + new_id(), **header}, buffers)
 
     def reply(self, msg_id, timeout_ms=RECV_TIMEOUT_MS):
         reply = self.receive(timeout_ms)

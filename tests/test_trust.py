@@ -347,9 +347,7 @@ class KeyHolder(RawClient):
         super().__init__(worker, name="hostile", reply_ms=REPLY_MS)
 
     def send(self, op, buffers=(), **fields):
-        header = self.header(op, **fields)
-        self.socket.send_multipart(self.session.pack(header, buffers))
-        return header["id"]
+        return self.send_header(self.header(op, **fields), buffers)
 
     def ask(self, op, buffers=(), **fields):
         """Send a request and wait for its reply, passing over late replies to earlier ones."""
