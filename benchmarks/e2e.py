@@ -318,9 +318,10 @@ def _line(row):
 
 # What comes before each timed call of the small cases (``--between``):
 BETWEEN = {
-    # no call pays for a collection of the caller's garbage; but the collection keeps the caller's core busy
-    # while the worker's process sits idle: the ways in process (cuML's, scikit-learn's) then run up to a
-    # millisecond faster than after a pause as long, and the bridge does not (results/gpu-h200-1127f)
+    # no call pays for a collection of the caller's garbage; but after one the ways in process (cuML's,
+    # scikit-learn's) run up to a millisecond faster than after a pause as long, and the bridge does not: the
+    # caller's core was kept busy, and the bridge's call runs on the worker's (a busy wait, "spin", gave cuML's
+    # StandardScaler most of that; results/gpu-h200-1127f)
     "collect": "gc.collect()",
     # timeit's way: one collection before the calls, the collector off while they run in turn back to back
     "timeit": "nothing; the collector off",
