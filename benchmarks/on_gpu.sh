@@ -503,6 +503,9 @@ for n in range(int(lo), int(hi or lo) + 1)]; print(",".join(map(str, c[:4])))' "
         step 400 "$OUT/lr-repeats.txt" python3 benchmarks/e2e.py --parts cases --only 'LogisticRegression fit+predict 5000x20$' \
           --no-sklearn-large --repeats "${REPEATS:-200}" --between collect,pause --out "$OUT/e2e-lr-repeats-$round.json"
       done ;;
+    worker-gc)  # issue 15, nineteenth session: how often the collector runs inside small calls, in process and in the
+      # worker (benchmarks/worker_gc.py); results/gpu-h100-1128 ran it with idle-gc.patch applied, twice (see there)
+      step 120 "$OUT/worker-gc.txt" python3 benchmarks/worker_gc.py --backend cuml --out "$OUT/worker-gc.json" ;;
     oom)  # the GPU's out-of-memory test and the allocator tests under the worker's default device memory
       step 200 "$OUT/pytest-cuml-oom.txt" "${PYTEST[@]}" -q -rfEs --tb=short tests/test_faults.py tests/test_worker.py \
         -k "out_of_memory or device_memory or memory_pools" ;;

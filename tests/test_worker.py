@@ -1,5 +1,6 @@
 """The worker's life: ready, busy, stopped, killed, started by the client itself."""
 
+import gc
 import json
 import os
 import signal
@@ -36,6 +37,18 @@ def _wait_dead(pid, seconds=10):
     while pid_alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     return not pid_alive(pid)
+
+
+def test_status_counts_the_worker_process_s_own_collections(worker):
+    """benchmarks/worker_gc.py reads them: how often the collector runs inside the worker's requests."""
+    connection = sklearn_gpu_bridge.get_connection()
+    before = connection.status()["collections"]
+    assert len(before) == 3 and all(isinstance(n, int) and n >= 0 for n in before)
+    assert before[0] > 0  # its imports allocated enough for the young generation's collections
+    for _ in range(3):
+        gc.collect()  # the caller's full collections are not the worker's
+    after = connection.status()["collections"]
+    assert all(a >= b for a, b in zip(after, before)) and after[2] < before[2] + 3
 
 
 @pytest.mark.skipif(BACKEND != "sklearn", reason="needs a fit of seconds; cuML is too fast for that here")

@@ -37,6 +37,7 @@ loop.
 
 import contextlib
 import cProfile
+import gc
 import ipaddress
 import logging
 import math
@@ -838,7 +839,7 @@ class Worker:
                             + (self.gatekeeper.refused if self.gatekeeper else Counter())),
             "swept": dict(self.clients.swept), "rss": rss_bytes(), "queued": self.queue.waiting(),
             "threads": self.queue.threads, "running": self.queue.running, "peak_running": self.queue.peak,
-            "watch_ms": self.watch_ms,
+            "watch_ms": self.watch_ms, "collections": [g["collections"] for g in gc.get_stats()],
             "device_budget": self.queue.budget, "device_in_use": self.queue.in_use,
             "pinned": self.pinning.status() if self.pinning is not None else None,
             "versions": self.versions,
