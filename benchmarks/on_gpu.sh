@@ -496,7 +496,7 @@ for n in range(int(lo), int(hi or lo) + 1)]; print(",".join(map(str, c[:4])))' "
             --only "$small" --no-sklearn-large --between collect,pause,spin --out "$OUT/e2e-spin-watch-$watch-$round.json"
         done
       done ;;
-    lr-repeats)  # next: the LogisticRegression pair with REPEATS calls of each way a run (default 200: the 90%
+    lr-repeats)  # the LogisticRegression pair with REPEATS calls of each way a run (default 200: the 90%
       # intervals of a run of 45-49 were about half a millisecond either side, results/gpu-h200-1127f), after
       # collections and after pauses, ROUNDS runs (default 2)
       for round in $(seq "${ROUNDS:-2}"); do
