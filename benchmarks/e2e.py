@@ -241,6 +241,14 @@ def cuml_class(path):
     return getattr(importlib.import_module(module), name)
 
 
+def in_process_and_bridged(case, backend):
+    """{"in process": ..., "bridge": ...}: () -> a new estimator of ``case``, the ``backend``'s own class (cuML's
+    or scikit-learn's) and the ``GPU*`` wrapper; for the scripts that time a small case those two ways."""
+    local = (lambda: case.sklearn(**case.params)) if backend == "sklearn" else \
+        (lambda: cuml_class(case.cuml)(**case.params))
+    return {"in process": local, "bridge": lambda: getattr(sklearn_gpu_bridge, case.bridge)(**case.params)}
+
+
 def parse_variants(text):
     """``--bridge-variants``: "LABEL:SETTING=VALUE[,SETTING=VALUE];..." -> {"bridge LABEL": {setting: value}}."""
     variants = {}

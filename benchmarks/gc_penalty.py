@@ -24,7 +24,7 @@ import time
 import numpy as np
 
 import sklearn_gpu_bridge
-from e2e import CASES, bridge_parser, bridged_to_new_worker, cuml_class, make_data
+from e2e import CASES, bridge_parser, bridged_to_new_worker, in_process_and_bridged, make_data
 
 SMALL = ("StandardScaler fit_transform 5000x20", "LogisticRegression fit+predict 5000x20")
 MODES = ("back to back", "after gc.collect()", "after 20 ms asleep")
@@ -57,9 +57,7 @@ def main():
         print(json.dumps(rows[-1]), flush=True)
         for case in (c for c in CASES if c.name in SMALL):
             X, y = make_data(case)
-            local = (lambda c=case: c.sklearn(**c.params)) if args.backend == "sklearn" else \
-                (lambda c=case: cuml_class(c.cuml)(**c.params))
-            ways = {"in process": local, "bridge": lambda c=case: getattr(sklearn_gpu_bridge, c.bridge)(**c.params)}
+            ways = in_process_and_bridged(case, args.backend)
             row = {"case": case.name}
             for mode in MODES:
                 for way, make in ways.items():
