@@ -38,7 +38,6 @@ from .conftest import RawClient, WorkerProcess, assert_same, nested_tuples, use_
 
 NO_REPLY_MS = 1000  # how long refused messages are given to (wrongly) get a reply
 LATE_MS = 200  # and, after the ping proof, how long a late reply is still waited for
-REPLY_MS = 5000
 
 
 class Stranger(RawClient):
@@ -60,7 +59,7 @@ class Stranger(RawClient):
 
 @pytest.fixture
 def raw(worker):
-    client = Stranger(worker, reply_ms=REPLY_MS)
+    client = Stranger(worker)
     yield client
     client.close()
 
@@ -215,7 +214,7 @@ def test_two_workers_have_different_keys_and_refuse_each_other(worker, fresh_wor
     assert re.fullmatch(r"[0-9a-f]{64}", fresh_worker.info.key)
     assert fresh_worker.info.key != worker.info.key
     assert fresh_worker.info.address != worker.info.address
-    stranger = Stranger(fresh_worker, key=worker.info.key_bytes, reply_ms=REPLY_MS)  # the other worker's key
+    stranger = Stranger(fresh_worker, key=worker.info.key_bytes)  # the other worker's key
     try:
         stranger.send(stranger.frames("ping"))
         assert stranger.receive(LATE_MS) is None
@@ -395,7 +394,7 @@ def test_worker_uses_a_signing_key_it_is_given(tmp_path):
     process = WorkerProcess(tmp_path, key_file=tmp_path / "key")
     try:
         assert process.info.key == key
-        client = Stranger(process, reply_ms=REPLY_MS)
+        client = Stranger(process)
         try:
             assert client.request(client.header("ping"))[0]["op"] == "reply"
         finally:

@@ -396,7 +396,7 @@ def test_another_clients_pool_cannot_be_attached(connection, hostile):
     desc = {"dtype": "<f8", "shape": [8], "order": "C", "where": "pool",
             "segment": pool.handshake.segment, "offset": 0}
     reply, _ = hostile.ask("echo", pool=pool.name, arrays=[desc],
-                               payload={"args": [{"__array__": 0}], "kwargs": {}})
+                           payload={"args": [{"__array__": 0}], "kwargs": {}})
     assert reply["op"] == "error" and "did not attach" in reply["message"]
     np.testing.assert_array_equal(connection.echo(victim_data)[0], victim_data)  # the victim's pool still works
 
@@ -412,7 +412,7 @@ def test_another_clients_pool_is_not_written_with_a_reply(connection, hostile):
         slot = {"segment": block.segment, "offset": block.offset, "nbytes": block.nbytes, "token": 12345}
         for op in ("echo", "fit"):
             reply, _ = hostile.ask(op, pool=pool.name, reply_slot=slot, estimator="StandardScaler",
-                                       method="fit", params={}, payload={"args": [], "kwargs": {}})
+                                   method="fit", params={}, payload={"args": [], "kwargs": {}})
             assert reply["op"] == "error" and "did not attach" in reply["message"], reply
         np.testing.assert_array_equal(np.frombuffer(block.buffer(), np.uint8), pattern)
     finally:
@@ -487,9 +487,11 @@ def test_a_message_for_an_earlier_run_is_refused_after_a_restart(tmp_path):
     try:
         assert second.info.key == first.info.key and second.info.worker_id != first.info.worker_id
         replayer = RawClient(second)
-        replayer.socket.send_multipart(recorded)
-        assert replayer.receive(1000) is None
-        replayer.close()
+        try:
+            replayer.socket.send_multipart(recorded)
+            assert replayer.receive(1000) is None
+        finally:
+            replayer.close()
         checker = Connection(second.info, pool="off")
         status = checker.status()
         checker.close()
@@ -533,18 +535,18 @@ def test_a_clients_backlog_waits_its_turn_and_goes_when_it_goes(busy_worker):
     """Eight queued slow fits of one client: another client's request runs next, and the backlog of a client
     that said goodbye never runs."""
     backlog, other = KeyHolder(busy_worker), KeyHolder(busy_worker)
+    checker = Connection(busy_worker.info, pool="off")
     try:
         sent = [backlog.send("fit", **_slow_fit_fields()) for _ in range(8)]
         time.sleep(0.5)  # the first is running
         X = np.arange(12.0).reshape(4, 3)
         desc = {"dtype": "<f8", "shape": [4, 3], "order": "C", "where": "inline", "data": X.tobytes()}
         reply, _ = other.ask("fit", estimator="StandardScaler", method="fit", params={}, arrays=[desc],
-                                 payload={"args": [{"__array__": 0}], "kwargs": {}})
+                             payload={"args": [{"__array__": 0}], "kwargs": {}})
         assert reply["op"] == "reply"
         other_arrived, other_done = reply["worker_span"]
         backlog.send("goodbye")  # the client leaves: its queued fits are dropped
-        replies = []
-        checker = Connection(busy_worker.info, pool="off")
+        replies, status = [], None
         deadline = time.monotonic() + 120  # a fit that runs on answers when it ends: seconds, more on a busy host
         while time.monotonic() < deadline:
             if (got := backlog.receive(200)) is not None:
@@ -553,12 +555,14 @@ def test_a_clients_backlog_waits_its_turn_and_goes_when_it_goes(busy_worker):
             status = checker.status()
             if status["running"] == 0 and status["queued"] == 0:  # every reply was sent before this count
                 break
+        else:
+            pytest.fail(f"the worker still runs or queues requests after 120 s: {status}")
         while (got := backlog.receive(200)) is not None:  # one sent just before the count, still on its way
             replies.append(got[0])
         done = [r["worker_span"][1] for r in replies if r.get("parent") in sent]
         status = checker.status()
-        checker.close()
     finally:
+        checker.close()
         backlog.close()
         other.close()
     overtook = sum(other_arrived < t < other_done for t in done)  # backlog fits finished while the other waited
