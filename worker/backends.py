@@ -24,7 +24,7 @@ from sklearn_gpu_bridge.config import DEVICE_MEMORY_KINDS
 from sklearn_gpu_bridge.errors import NotOnWorker, ProtocolError
 from sklearn_gpu_bridge.translate import to_sklearn
 
-from . import forms
+from . import forms, labels
 from .pinning import HostPinning
 
 log = logging.getLogger(__name__)
@@ -169,6 +169,7 @@ class Backend:
     #: float dtype the client should send (None: keep what the user gave)
     float_dtype = None
     column = "sklearn"  # which path of the catalogue's row this backend builds
+    host_labels = None  # cuML's: its classifiers' labels, encoded on the host where they are their own codes
 
     def __init__(self):
         self._classes = {}
@@ -313,7 +314,8 @@ class CumlBackend(Backend):
     float_dtype = "float32"
 
     def __init__(self, device_memory=None):
-        """``device_memory``: :func:`use_device_memory`'s kind; None leaves the process's allocator as it is."""
+        """``device_memory``: :func:`use_device_memory`'s kind, in a worker's own process; None: a user's process
+        (``InProcess``, a Dask worker), whose allocator and cuML are left as they are."""
         super().__init__()
         import cuml
 
@@ -321,6 +323,9 @@ class CumlBackend(Backend):
             raise ImportError("no cuML here: `import cuml` gives sklearn-gpu-bridge's alias")
         if device_memory is not None:
             use_device_memory(device_memory)
+            from cuml.internals import validation
+
+            self.host_labels = labels.encode_on_host(validation)  # labels.HostLabels, or None
         cuml.set_global_output_type("numpy")
         self._cuml = cuml
         self.device_copy_min_bytes = device_copy_min_bytes()

@@ -1,0 +1,121 @@
+"""A cuML worker encodes a classifier's labels on the host where they are their own codes (worker/labels.py).
+
+The host's answer must be cuML's own, exactly: the same classes and codes, of the same dtypes, for every y it
+answers for; every other y goes to cuML. The oracle on the CPU is ``np.unique`` (cuML's encoding is
+``cupy.unique``); on the GPU machine, cuML's own ``check_y`` and the model cuML fits in process.
+"""
+
+import numpy as np
+import pytest
+
+import sklearn_gpu_bridge
+from sklearn_gpu_bridge import GPUSVC, GPULogisticRegression
+from sklearn_gpu_bridge.worker.labels import HOST_MAX_SAMPLES, LABELS_ON_HOST_ENV, HostLabels, own_codes
+
+from .conftest import WorkerProcess, use_worker
+
+rng = np.random.default_rng(0)
+
+#: (what it is, y, whether its labels are their own codes)
+LABELS = [
+    ("two classes", rng.integers(0, 2, 5000).astype(np.int32), True),
+    ("five classes, int64", rng.permutation(np.arange(1000) % 5), True),
+    ("one class", np.zeros(10, np.int32), True),
+    ("uint8", rng.integers(0, 3, 300).astype(np.uint8), True),
+    ("as many classes as samples", rng.permutation(50).astype(np.int16), True),
+    ("the most samples answered here", np.arange(HOST_MAX_SAMPLES) % 7, True),
+    ("a class absent", np.array([0, 2, 2, 0], np.int32), False),
+    ("from one", np.array([1, 2, 1, 2], np.int32), False),
+    ("negative", np.array([-1, 0, 1, 0], np.int32), False),
+    ("a label past the samples", np.array([0, 1, 1000], np.int64), False),
+    ("one sample more than answered here", np.arange(HOST_MAX_SAMPLES + 1) % 7, False),
+    ("uint64", np.array([0, 1], np.uint64), False),
+    ("floats", np.array([0.0, 1.0, 0.0]), False),
+    ("booleans", np.array([True, False]), False),
+    ("strings", np.array(["a", "b"]), False),
+    ("a column", np.array([[0], [1]], np.int32), False),
+    ("empty", np.array([], np.int32), False),
+    ("a list", [0, 1, 0], False),
+]
+
+
+@pytest.mark.parametrize("what, y, own", LABELS, ids=[case[0] for case in LABELS])
+def test_labels_that_are_their_own_codes_are_told_from_all_others(what, y, own):
+    """Where ``own_codes`` says k, ``np.unique(y, return_inverse=True)`` is ``(arange(k), y)``: what the host
+    answers. Where it says None, the labels go to cuML; those that are their own codes are not answered only where
+    the host would not be the faster (past HOST_MAX_SAMPLES) or cannot count them (uint64)."""
+    k = own_codes(y)
+    assert (k is not None) == own
+    if own:
+        classes, codes = np.unique(y, return_inverse=True)
+        np.testing.assert_array_equal(classes, np.arange(k))
+        np.testing.assert_array_equal(codes, y)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("what, y, own", LABELS, ids=[case[0] for case in LABELS])
+@pytest.mark.parametrize("kwargs", [{"return_classes": True}, {"return_classes": True, "dtype": ["float32"]},
+                                    {"return_classes": True, "order": "F"}, {"return_classes": True, "mem_type": "host"},
+                                    {"return_classes": False}],
+                         ids=["classes", "codes as float32", "order F", "on the host", "no classes"])
+def test_the_host_answers_cuml_s_check_y_as_cuml_does(what, y, own, kwargs):
+    """Arrays of the same type, dtype, shape and values as cuML's own ``check_y`` gives, or its error; and the host
+    answers exactly where the labels are their own codes and cuML is asked for codes on the device."""
+    import cupy
+    from cuml.internals import validation
+
+    original = validation.check_y
+    if isinstance(original, HostLabels):  # installed in this process already
+        original = original.original
+    _, inverse = cupy.unique(cupy.arange(2, dtype=np.int32), return_inverse=True)
+    host = HostLabels(original, inverse.dtype)
+
+    def outcome(check):
+        try:
+            out = check(y, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - cuML's refusal must be the host's too
+            return type(exc), str(exc)
+        return out if kwargs["return_classes"] else (out,)
+
+    expected, got = outcome(original), outcome(host)
+    assert len(got) == len(expected)
+    for mine, theirs in zip(got, expected):
+        if isinstance(theirs, (type, str)):
+            assert mine == theirs
+            continue
+        assert (type(mine), mine.dtype, mine.shape) == (type(theirs), theirs.dtype, theirs.shape)
+        np.testing.assert_array_equal(cupy.asnumpy(mine), cupy.asnumpy(theirs))
+    answered = own and kwargs["return_classes"] is True and kwargs.get("mem_type", "device") == "device"
+    assert host.taken == int(answered)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("on_host", [True, False], ids=["by default", f"{LABELS_ON_HOST_ENV}=0"])
+def test_a_cuml_worker_fits_classifiers_on_labels_encoded_on_the_host(tmp_path, worker, monkeypatch, on_host):
+    """Through a cuML worker, LogisticRegression and SVC predict as cuML fitted in process does, their labels
+    encoded on the host (the worker's status counts the fits), unless the environment says 0."""
+    from cuml.linear_model import LogisticRegression
+    from cuml.svm import SVC
+
+    if not on_host:
+        monkeypatch.setenv(LABELS_ON_HOST_ENV, "0")
+    X = rng.standard_normal((2000, 8)).astype(np.float32)
+    y = np.where(X[:, 0] + 0.3 * rng.standard_normal(2000) > 0, 7, 3)  # the client sends them as codes 1 and 0
+    process = WorkerProcess(tmp_path)
+    try:
+        use_worker(process)
+        connection = sklearn_gpu_bridge.get_connection()
+        before = connection.status()["labels_on_host"]  # the worker's warm-up fits count too
+        for bridged, in_process in ((GPULogisticRegression(), LogisticRegression()), (GPUSVC(), SVC())):
+            bridged.fit(X, y)
+            in_process.fit(X, y)
+            np.testing.assert_array_equal(bridged.classes_, [3, 7])
+            np.testing.assert_array_equal(bridged.predict(X), in_process.predict(X))
+        after = connection.status()["labels_on_host"]
+        assert (before is None, after is None) == (not on_host, not on_host)
+        if on_host:
+            assert after - before == 2
+    finally:
+        sklearn_gpu_bridge.reset_connection()
+        process.stop()
+        use_worker(worker)

@@ -1,0 +1,102 @@
+"""cuML's label encoding of y, done on the host where the labels are their own codes.
+
+A cuML classifier that checks its input with ``check_inputs(..., return_classes=True)``
+(LogisticRegression, SVC, MBSGDClassifier) encodes y with ``cupy.unique(y, return_inverse=True)``:
+a sort on the device, a wait for the number of classes, and the classes copied back. After a
+``gc.collect()`` that was 0.95 ms of a LogisticRegression fit+predict of 5000 samples on the H200
+(``results/gpu-h200-1127/sampled.txt``), for labels the bridge's client has encoded already
+(``_classes_and_codes``): the worker gets the codes 0..k-1, every one of them present. For such a y
+the answer is known without the device: the classes are 0..k-1 and the codes are y itself. The
+worker checks that of y on the host (:func:`own_codes`: a minimum, a maximum and a count, no sort)
+and only then answers for cuML; any other y, and one of more than :data:`HOST_MAX_SAMPLES`, goes to
+cuML's own encoding. The classes, the codes and their dtypes are what cuML's own would be, so the
+model fitted is the same.
+
+Only the worker's own process is changed (a user's process that runs cuML keeps it as it is), and
+only where cuML's ``check_y`` takes the parameters this answers for with the defaults it assumes; a
+cuML that differs keeps its own encoding. ``SKLEARN_GPU_BRIDGE_LABELS_ON_HOST=0`` leaves cuML's
+encoding on: to measure what this saves.
+"""
+
+import inspect
+import logging
+import os
+import threading
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+LABELS_ON_HOST_ENV = "SKLEARN_GPU_BRIDGE_LABELS_ON_HOST"
+#: labels of more samples are left to the device: the host's passes over them grow with them, the device's sort
+#: hardly does (1M labels: 3.6 ms on the 2-core VM)
+HOST_MAX_SAMPLES = 1 << 15
+#: the parameters of cuML's check_y that the host's answer depends on, with the defaults it assumes
+ASSUMED = {"dtype": None, "mem_type": "device", "return_classes": False, "return_index": False}
+
+
+def own_codes(y):
+    """k where ``y`` is a 1-D numpy array of integers holding each of 0..k-1 at least once and nothing else
+    (then ``np.unique(y, return_inverse=True)`` is ``(arange(k), y)``); None for anything else, and for more than
+    :data:`HOST_MAX_SAMPLES` labels."""
+    if (type(y) is not np.ndarray or y.ndim != 1 or not 0 < y.size <= HOST_MAX_SAMPLES or y.dtype.kind not in "iu"
+            or (y.dtype.kind == "u" and y.dtype.itemsize == 8)):  # bincount takes no uint64
+        return None
+    if y.min() != 0:
+        return None
+    top = int(y.max())
+    if top >= y.size or not np.bincount(y, minlength=top + 1).all():  # more classes than samples: one is absent
+        return None
+    return top + 1
+
+
+class HostLabels:
+    """cuML's ``check_y`` answered on the host for labels that are their own codes; ``taken``: how many were."""
+
+    def __init__(self, original, inverse_dtype):
+        self.original = original
+        self.inverse_dtype = inverse_dtype  # the dtype of cupy.unique's codes
+        self.taken = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, y, *, dtype=None, mem_type="device", return_classes=False, return_index=False, **kwargs):
+        n_classes = own_codes(y) if return_classes is True and mem_type == "device" and not return_index else None
+        if n_classes is None:
+            return self.original(y, dtype=dtype, mem_type=mem_type, return_classes=return_classes,
+                                 return_index=return_index, **kwargs)
+        import cupy
+
+        codes = cupy.asarray(y.astype(self.inverse_dtype, copy=False))  # cast here: a few KiB at most
+        if dtype is not None:  # as check_y casts its codes
+            wanted = [np.dtype(d) for d in (dtype if isinstance(dtype, (list, tuple)) else [dtype])]
+            if codes.dtype not in wanted:
+                codes = codes.astype(wanted[0])
+        with self._lock:
+            self.taken += 1
+        return codes, np.arange(n_classes, dtype=y.dtype)
+
+
+def encode_on_host(validation):
+    """Have ``validation`` (``cuml.internals.validation``) answer its ``check_y`` on the host where it can; the
+    :class:`HostLabels` that does, or None where this cuML's ``check_y`` is not the one assumed or
+    :data:`LABELS_ON_HOST_ENV` is ``0``. Installed once per process."""
+    current = validation.check_y
+    if isinstance(current, HostLabels):
+        return current
+    if os.environ.get(LABELS_ON_HOST_ENV, "1") == "0":
+        return None
+    try:
+        parameters = inspect.signature(current).parameters
+    except (TypeError, ValueError):
+        parameters = {}
+    if any(name not in parameters or parameters[name].default != default for name, default in ASSUMED.items()):
+        log.info("cuML's check_y is not the one this worker knows; it encodes labels on the device")
+        return None
+    import cupy
+
+    _, codes = cupy.unique(cupy.arange(2, dtype=np.int32), return_inverse=True)
+    if codes.shape != (2,):
+        log.info("cupy.unique's codes of 1-D labels are not 1-D here; cuML encodes labels on the device")
+        return None
+    validation.check_y = HostLabels(current, codes.dtype)
+    return validation.check_y
