@@ -506,16 +506,19 @@ for n in range(int(lo), int(hi or lo) + 1)]; print(",".join(map(str, c[:4])))' "
     labels)  # issue 15, twentieth session: a classifier's labels encoded on the host (worker/labels.py): its tests
       # with cuML (NO_TESTS=1: none), its cost against cuML's own by number of labels, then e2e's CASES (default the
       # LogisticRegression pair) with REPEATS calls a way (default 200), SKLEARN_GPU_BRIDGE_LABELS_ON_HOST=0 and
-      # the default alternated ROUNDS times (default 1), the first numbered FIRST_ROUND (default 1)
+      # the default alternated ROUNDS times (default 1), the first numbered FIRST_ROUND (default 1), into files named
+      # NAME (default labels). results/gpu-h100-1128b ran it with ROUNDS=0, then ROUNDS=1 twice, then
+      # NAME=labels-float64 CASES='LogisticRegression fit+predict 5000x20 float64$', then NAME=labels-svc REPEATS=100
+      # CASES='SVC(rbf) fit+predict 500x20$' (those two ran before NAME was here, their files renamed to its names)
       [ -n "${NO_TESTS:-}" ] || step 300 "$OUT/pytest-cuml-labels.txt" "${PYTEST[@]}" -q -rfEs --tb=short \
         tests/test_labels.py tests/test_estimators.py -k "labels or Logistic or SVC"
       [ -n "${NO_TESTS:-}" ] || step 120 "$OUT/host-labels.txt" python3 benchmarks/host_labels.py \
         --out "$OUT/host-labels.json"
       for round in $(seq "${FIRST_ROUND:-1}" $(( ${FIRST_ROUND:-1} + ${ROUNDS:-1} - 1 ))); do
         for on in 0 1; do
-          step 280 "$OUT/labels.txt" env SKLEARN_GPU_BRIDGE_LABELS_ON_HOST=$on python3 benchmarks/e2e.py --parts cases \
+          step 280 "$OUT/${NAME:-labels}.txt" env SKLEARN_GPU_BRIDGE_LABELS_ON_HOST=$on python3 benchmarks/e2e.py --parts cases \
             --only "${CASES:-LogisticRegression fit+predict 5000x20\$}" --no-sklearn-large --repeats "${REPEATS:-200}" \
-            --between collect,pause --out "$OUT/e2e-labels-$on-$round.json"
+            --between collect,pause --out "$OUT/e2e-${NAME:-labels}-$on-$round.json"
         done
       done ;;
     worker-gc)  # issue 15, nineteenth session: how often the collector runs inside small calls, in process and in the

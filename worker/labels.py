@@ -2,10 +2,10 @@
 
 A cuML classifier that checks its input with ``check_inputs(..., return_classes=True)``
 (LogisticRegression, SVC, MBSGDClassifier) encodes y with ``cupy.unique(y, return_inverse=True)``:
-a sort on the device, a wait for the number of classes, and the classes copied back. After a
-``gc.collect()`` that was 0.95 ms of a LogisticRegression fit+predict of 5000 samples on the H200
-(``results/gpu-h200-1127/sampled.txt``), for labels the bridge's client has encoded already
-(``_classes_and_codes``): the worker gets the codes 0..k-1, every one of them present. For such a y
+a sort on the device, a wait for the number of classes, the classes copied back. For 5000 labels
+that is 1.5-1.8 ms after a ``gc.collect()`` on the H100 machine, 0.7-1.1 ms back to back
+(``results/gpu-h100-1128b/host-labels*.txt``), spent on labels the bridge's client has encoded
+already (``_classes_and_codes``): the worker gets the codes 0..k-1, every one of them present. For such a y
 the answer is known without the device: the classes are 0..k-1 and the codes are y itself. The
 worker checks that of y on the host (:func:`own_codes`: a minimum, a maximum and a count, no sort)
 and only then answers for cuML; any other y, and one of more than :data:`HOST_MAX_SAMPLES`, goes to
@@ -29,8 +29,9 @@ log = logging.getLogger(__name__)
 
 LABELS_ON_HOST_ENV = "SKLEARN_GPU_BRIDGE_LABELS_ON_HOST"
 #: labels of more samples are left to the device: the host's passes over them grow with them, the device's sort
-#: hardly does (1M labels: 3.6 ms on the 2-core VM)
-HOST_MAX_SAMPLES = 1 << 15
+#: hardly does. On the H100 machine, after a gc.collect() / back to back: 131072 labels 1.4 / 0.6 ms on the host
+#: against 2.5 / 2.2 on the device, 1M labels 7.2 / 5.7 against 4.1 / 3.7 (results/gpu-h100-1128b/host-labels-50.txt)
+HOST_MAX_SAMPLES = 1 << 17
 #: the parameters of cuML's check_y that the host's answer depends on, with the defaults it assumes
 ASSUMED = {"dtype": None, "mem_type": "device", "return_classes": False, "return_index": False}
 
