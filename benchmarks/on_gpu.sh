@@ -507,9 +507,7 @@ for n in range(int(lo), int(hi or lo) + 1)]; print(",".join(map(str, c[:4])))' "
       # with cuML (NO_TESTS=1: none), its cost against cuML's own by number of labels, then e2e's CASES (default the
       # LogisticRegression pair) with REPEATS calls a way (default 200), SKLEARN_GPU_BRIDGE_LABELS_ON_HOST=0 and
       # the default alternated ROUNDS times (default 1), the first numbered FIRST_ROUND (default 1), into files named
-      # NAME (default labels). results/gpu-h100-1128b ran it with ROUNDS=0, then ROUNDS=1 twice, then
-      # NAME=labels-float64 CASES='LogisticRegression fit+predict 5000x20 float64$', then NAME=labels-svc REPEATS=100
-      # CASES='SVC(rbf) fit+predict 500x20$' (those two ran before NAME was here, their files renamed to its names)
+      # NAME (default labels); results/gpu-h100-1128b/README.md lists the calls behind its files
       [ -n "${NO_TESTS:-}" ] || step 300 "$OUT/pytest-cuml-labels.txt" "${PYTEST[@]}" -q -rfEs --tb=short \
         tests/test_labels.py tests/test_estimators.py -k "labels or Logistic or SVC"
       [ -n "${NO_TESTS:-}" ] || step 120 "$OUT/host-labels.txt" python3 benchmarks/host_labels.py \
