@@ -7,8 +7,8 @@ For labels 0/1 of n samples (int32, as the bridge's client sends them), medians 
 ``gc.collect()`` (as e2e's table times) and as many back to back:
 
 - ``device``: cuML's own ``check_y(y, return_classes=True)``: ``cupy.unique`` on the device;
-- ``host``: the host's steps for the same answer, at every n (``own_codes``' minimum, maximum and count without its
-  bound on n, then the codes copied to the device): where it stops paying is where ``HOST_MAX_SAMPLES`` belongs.
+- ``host``: the worker's ``HostLabels`` answering the same, at every n (its bound on n, ``HOST_MAX_SAMPLES``,
+  lifted here): where it stops paying is where that bound belongs.
 """
 
 import argparse
@@ -18,6 +18,7 @@ import time
 import numpy as np
 
 from client_checks import report
+from sklearn_gpu_bridge.worker import labels
 
 SIZES = (5000, 1 << 15, 1 << 17, 1 << 20)
 
@@ -39,25 +40,21 @@ def main():
     parser.add_argument("--out")
     args = parser.parse_args()
 
-    import cupy
     from cuml.internals import validation
 
     device = validation.check_y
     device = getattr(device, "original", device)  # cuML's own, should this process have the host's installed
-    _, inverse = cupy.unique(cupy.arange(2, dtype=np.int32), return_inverse=True)
-
-    def host(y):  # HostLabels' answer, without own_codes' bound on the number of labels
-        if y.min() == 0 and int(y.max()) < y.size and np.bincount(y).all():
-            return cupy.asarray(y.astype(inverse.dtype, copy=False)), np.arange(int(y.max()) + 1, dtype=y.dtype)
-        raise AssertionError("labels that are not their own codes")
+    host = labels.HostLabels(device)
+    labels.HOST_MAX_SAMPLES = max(SIZES)
 
     rows = {}
     for n in SIZES:
         y = (np.random.default_rng(0).standard_normal(n) > 0).astype(np.int32)
-        ways = {"device": lambda y=y: device(y, return_classes=True), "host": lambda y=y: host(y)}
-        (codes, classes), (host_codes, host_classes) = (call() for call in ways.values())  # warm
-        assert codes.dtype == host_codes.dtype and bool((codes == host_codes).all()), "not the same codes"
-        assert np.array_equal(classes, host_classes), "not the same classes"
+        ways = {way: lambda y=y, check=check: check(y, return_classes=True) for way, check in
+                (("device", device), ("host", host))}
+        taken = host.taken
+        assert labels.same_answer(ways["host"](), ways["device"]()) and host.taken == taken + 1, \
+            "the host did not answer as cuML does"
         rows[n] = {way: {"after gc.collect()": median_ms(call, args.runs, True),
                          "back to back": median_ms(call, args.runs, False)} for way, call in ways.items()}
         print(f"{n:>8} labels: " + "; ".join(f"{way} {ms['after gc.collect()']:.3f} / {ms['back to back']:.3f} ms"

@@ -18,6 +18,7 @@ import time
 import numpy as np
 
 import sklearn_gpu_bridge
+from client_checks import report
 from e2e import CASES, bridge_parser, bridged_to_new_worker, in_process_and_bridged, make_data
 
 SMALL = ("StandardScaler fit_transform 5000x20", "LogisticRegression fit+predict 5000x20")
@@ -84,10 +85,8 @@ def main():
             rows.append(row)
     finally:
         worker.stop()
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"backend": args.backend, "calls": args.calls, "pause_ms": args.pause_ms,
-                       "bridge": sklearn_gpu_bridge.__file__, "cases": rows}, f, indent=1)
+    report({"backend": args.backend, "calls": args.calls, "pause_ms": args.pause_ms,
+            "bridge": sklearn_gpu_bridge.__file__, "cases": rows}, args.out)
 
 
 if __name__ == "__main__":

@@ -67,7 +67,7 @@ def test_every_other_y_and_call_goes_to_cuml_s_own_check_y_with_its_arguments():
         calls.append((y, kwargs))
         return "cuML's answer"
 
-    host = HostLabels(check_y, np.dtype(np.intp))
+    host = HostLabels(check_y)
     own = np.array([0, 1, 1, 0], np.int32)
     asked = [(np.array([1, 2]), {"return_classes": True}), (own, {"return_classes": False}),
              (own, {"return_classes": True, "mem_type": "host"}), (own, {"return_classes": True, "return_index": True}),
@@ -87,7 +87,7 @@ def test_cuml_keeps_its_own_encoding_where_its_check_y_is_not_the_one_known_or_t
 
     validation = types.SimpleNamespace(check_y=other_check_y)
     assert encode_on_host(validation) is None and validation.check_y is other_check_y
-    installed = HostLabels(other_check_y, np.dtype(np.intp))
+    installed = HostLabels(other_check_y)
     validation.check_y = installed
     assert encode_on_host(validation) is installed  # installed already: the same, not wrapped twice
     monkeypatch.setenv(LABELS_ON_HOST_ENV, "0")
@@ -115,8 +115,7 @@ def test_the_host_answers_cuml_s_check_y_as_cuml_does(what, y, own, kwargs):
     original = validation.check_y
     if isinstance(original, HostLabels):  # installed in this process already
         original = original.original
-    _, inverse = cupy.unique(cupy.arange(2, dtype=np.int32), return_inverse=True)
-    host = HostLabels(original, inverse.dtype)
+    host = HostLabels(original)
 
     def outcome(check):
         try:

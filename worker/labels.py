@@ -36,6 +36,8 @@ HOST_MAX_SAMPLES = 1 << 17
 #: the parameters of cuML's check_y that the host's answer depends on, with the defaults it assumes
 ASSUMED = {"dtype": None, "mem_type": "device", "order": "A", "return_classes": False, "return_index": False}
 ORDERS = ("F", "C", "A", None)  # those check_y takes (any other is its error)
+#: the dtype of ``cupy.unique``'s codes (intp), which check_y returns unless asked for another: :data:`PROBES` check it
+CODES_DTYPE = np.dtype(np.intp)
 #: what a cuML is asked at start (labels, check_y's arguments): it keeps its encoding unless the host answers alike
 PROBES = [(np.array([0, 1, 1, 0], np.int32), {"return_classes": True}),
           (np.array([2, 0, 1, 1]), {"return_classes": True, "dtype": ["float32", "float64"]}),
@@ -61,9 +63,8 @@ def own_codes(y):
 class HostLabels:
     """cuML's ``check_y`` answered on the host for labels that are their own codes; ``taken``: how many were."""
 
-    def __init__(self, original, inverse_dtype):
+    def __init__(self, original):
         self.original = original
-        self.inverse_dtype = inverse_dtype  # the dtype of cupy.unique's codes
         self.taken = 0
         self._lock = threading.Lock()
 
@@ -76,7 +77,7 @@ class HostLabels:
                                  return_index=return_index, **kwargs)
         import cupy
 
-        codes = cupy.asarray(y.astype(self.inverse_dtype, copy=False))  # cast here: 1 MiB at most
+        codes = cupy.asarray(y.astype(CODES_DTYPE, copy=False))  # cast here: 1 MiB at most
         if dtype is not None:  # as check_y casts its codes
             wanted = [np.dtype(d) for d in (dtype if isinstance(dtype, (list, tuple)) else [dtype])]
             if codes.dtype not in wanted:
@@ -108,11 +109,8 @@ def encode_on_host(validation):
     if any(name not in parameters or parameters[name].default != default for name, default in ASSUMED.items()):
         log.info("cuML's check_y takes other parameters than this worker knows; it encodes labels on the device")
         return None
+    host = HostLabels(current)
     try:
-        import cupy
-
-        _, codes = cupy.unique(cupy.arange(2, dtype=np.int32), return_inverse=True)
-        host = HostLabels(current, codes.dtype)
         alike = all(same_answer(host(y, **kwargs), current(y, **kwargs)) for y, kwargs in PROBES)
     except Exception as exc:  # noqa: BLE001 - cuML's own encoding stays, said
         log.warning("labels are encoded on the device: asking cuML's check_y failed (%s: %s)", type(exc).__name__, exc)
