@@ -299,8 +299,20 @@ def _run_case(case, X, y, repeats, use_cuml, skip_large_sklearn, variants, betwe
         row["bridge_minus_cuml_ms"] = (row["bridge"]["median"] - row["cuml"]["median"]) * 1e3
     if "bridge" in row and "sklearn" in row:
         row["speedup_vs_sklearn"] = row["sklearn"]["median"] / row["bridge"]["median"]
+    if "bridge" in row:
+        row["pool_after"] = pool_state()
     print(_line(row), flush=True)
     return row
+
+
+def pool_state():
+    """The client's pool segments (MiB) and the worker's pinning (bytes held, budget, segments refused) after a
+    case. A large case that is slow through the bridge in one table and not when run again at once (the
+    LogisticRegression fit 1M x 50: 1.29x and 1.35x in two tables of eleven) may have met a segment that the
+    worker left pageable; the copy to the GPU then goes through the driver's staging (worker/pinning.py)."""
+    connection = sklearn_gpu_bridge.get_connection()
+    sizes = connection.pool.segment_bytes if connection.pool is not None else []
+    return {"segments_mib": [size >> 20 for size in sizes], "pinned": connection.status().get("pinned")}
 
 
 def _with_settings(settings, run):
@@ -317,6 +329,11 @@ def _line(row):
     cells.append(f"{ratio:6.2f}x" if ratio else f"{'':>7}")
     if "bridge_minus_cuml_ms" in row:
         cells.append(f"bridge {row['bridge_minus_cuml_ms']:+.2f} ms over cuML")
+    pool = row.get("pool_after") or {}
+    if row.get("large") and pool.get("pinned"):
+        pinned = pool["pinned"]
+        cells.append(f"(pool {sum(pool['segments_mib'])} MiB in {len(pool['segments_mib'])} segments; "
+                     f"pinned {pinned['pinned'] >> 20} MiB, {pinned['refused']} refused)")
     for way, value in row.items():
         if way.startswith("bridge ") and isinstance(value, dict) and "median" in value:
             over = row.get(f"{way} minus cuml_ms")

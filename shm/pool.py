@@ -222,6 +222,12 @@ class Pool:
             return sum(sum(used) for used in self._used) - 1
 
     @property
+    def segment_bytes(self):
+        """Each segment's size, in order (the pool only grows: a benchmark reads how far)."""
+        with self._lock:
+            return [len(used) * self.slot_size for used in self._used]
+
+    @property
     def paths(self):
         return list(self._paths)
 

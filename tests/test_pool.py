@@ -105,9 +105,11 @@ def test_a_block_larger_than_a_segment_gets_its_own_segment(small_pool):
     assert len(big.buffer()) == 21 * 4096
     big.buffer()[-1:] = b"\x07"
     assert small_pool.slots_in_use == 22
+    assert small_pool.segment_bytes == [8 * 4096, 21 * 4096]
     big.release()
     first.release()
     assert small_pool.slots_in_use == 0
+    assert small_pool.segment_bytes == [8 * 4096, 21 * 4096]  # a pool never shrinks while open
 
 
 def test_released_slots_are_reused(small_pool):
