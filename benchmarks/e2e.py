@@ -290,7 +290,7 @@ def _run_case(case, X, y, repeats, use_cuml, skip_large_sklearn, variants, betwe
     runs = {way: lambda m=make: case.run(m(), X, y) for way, make in ways.items()}
     for way, settings in (variants or {}).items() if wrapper is not None and not case.large else ():
         runs[way] = lambda w=wrapper, c=case, s=settings: _with_settings(s, lambda: c.run(w(**c.params), X, y))
-    row.update(timed_together(runs, repeats, between))
+    row.update(timed_together(runs, repeats, between, legs_of=("bridge",) if case.large else ()))
     for way in variants or ():
         if way in row and "cuml" in row:
             row[f"{way} minus cuml_ms"] = (row[way]["median"] - row["cuml"]["median"]) * 1e3
@@ -329,6 +329,9 @@ def _line(row):
     cells.append(f"{ratio:6.2f}x" if ratio else f"{'':>7}")
     if "bridge_minus_cuml_ms" in row:
         cells.append(f"bridge {row['bridge_minus_cuml_ms']:+.2f} ms over cuML")
+    split = [legs for legs in (row.get("bridge") or {}).get("legs_ms") or () if legs]
+    if split:
+        cells.append("(legs " + ", ".join(f"{m:.1f}" for m in np.median(split, axis=0)) + " ms)")
     pool = row.get("pool_after") or {}
     if row.get("large") and pool.get("pinned"):
         pinned = pool["pinned"]
@@ -380,11 +383,27 @@ def collection_seconds(runs=5):
     return float(np.median(times))
 
 
-def timed_together(runs, repeats, between="collect"):
+LEGS = ("client before sending", "to the worker", "on the worker", "back", "client after")
+
+
+def last_request_legs(connection, start, end):
+    """The legs (LEGS, seconds) of this thread's last request in a call that ran from ``start`` to ``end``
+    (CLOCK_MONOTONIC, which a worker on this host shares); None where the reply had no worker's stamps."""
+    stamps = connection.last_stamps
+    if not stamps or not stamps[2]:
+        return None
+    sent, received, (arrived, replied) = stamps
+    return sent - start, arrived - sent, replied - arrived, received - replied, end - received
+
+
+def timed_together(runs, repeats, between="collect", legs_of=()):
     """``timed`` for several ways of one small case, run in turn (a, b, c, b, c, a, ...) rather than one after
     another: a machine whose speed drifts over seconds (a GPU VM's clocks, the other processes) then moves
     every way alike, and the ratios between them hold. Each way runs as often as the others; ``between``
-    says what comes before each call (BETWEEN)."""
+    says what comes before each call (BETWEEN). For the ways named in ``legs_of`` (bridged ones), each call's
+    last request is split into its LEGS too (``legs_ms``), read after the call's clock has stopped."""
+    connection = sklearn_gpu_bridge.get_connection() if legs_of else None
+    legs = {name: [] for name in legs_of if name in runs}
     names = list(runs)
     for name in names:
         runs[name]()
@@ -399,15 +418,20 @@ def timed_together(runs, repeats, between="collect"):
         while rounds < repeats or (max(sum(t) for t in times.values()) < SMALL_SECONDS and rounds < MAX_REPEATS):
             for name in names[rounds % len(names):] + names[: rounds % len(names)]:
                 before_call(between, pause)
+                start_clock = time.monotonic()
                 start = time.perf_counter()
                 runs[name]()
                 times[name].append(time.perf_counter() - start)
+                if name in legs:
+                    last = last_request_legs(connection, start_clock, time.monotonic())
+                    legs[name].append([round(leg * 1e3, 3) for leg in last] if last is not None else None)
             rounds += 1
     finally:
         if collector_was_on:
             gc.enable()
     return {name: {"median": float(np.median(t)), "min": float(min(t)), "n": len(t), "times": t, "interleaved": True,
-                   "between": between, **({"pause_s": pause} if pause else {})}
+                   "between": between, **({"pause_s": pause} if pause else {}),
+                   **({"legs": LEGS, "legs_ms": legs[name]} if name in legs else {})}
             for name, t in times.items()}
 
 
@@ -440,10 +464,10 @@ def profile_cases(cases, use_cuml, repeats=10, top=14):
             run()
             end = time.monotonic()
             totals.append(end - start)
-            stamps = connection.last_stamps
-            if stamps and stamps[2]:
-                sent, received, (arrived, replied) = stamps
-                legs.append((sent - start, arrived - sent, replied - arrived, received - replied, end - received))
+            last = last_request_legs(connection, start, end)
+            if last is not None:
+                legs.append(last)
+                replied = connection.last_stamps[2][1]
                 marks = [*(connection.last_worker_steps or ()), ("reply ready", replied)]
                 for (_, before), (step, at) in zip(marks, marks[1:]) if len(marks) > 2 else ():
                     steps.setdefault(step, []).append(at - before)
