@@ -307,9 +307,8 @@ def _run_case(case, X, y, repeats, use_cuml, skip_large_sklearn, variants, betwe
 
 def pool_state():
     """The client's pool segments (MiB) and the worker's pinning (bytes held, budget, segments refused) after a
-    case. A large case that is slow through the bridge in one table and not when run again at once (the
-    LogisticRegression fit 1M x 50: 1.29x and 1.35x in two tables of eleven) may have met a segment that the
-    worker left pageable; the copy to the GPU then goes through the driver's staging (worker/pinning.py)."""
+    case: a large case that is slow in one table and not when run again tells by this whether a segment it
+    used was left pageable (its copy to the GPU then goes through the driver's staging, worker/pinning.py)."""
     connection = sklearn_gpu_bridge.get_connection()
     sizes = connection.pool.segment_bytes if connection.pool is not None else []
     return {"segments_mib": [size >> 20 for size in sizes], "pinned": connection.status().get("pinned")}
