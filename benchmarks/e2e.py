@@ -300,18 +300,22 @@ def _run_case(case, X, y, repeats, use_cuml, skip_large_sklearn, variants, betwe
     if "bridge" in row and "sklearn" in row:
         row["speedup_vs_sklearn"] = row["sklearn"]["median"] / row["bridge"]["median"]
     if "bridge" in row:
-        row["pool_after"] = pool_state()
+        row.update(state_after())
     print(_line(row), flush=True)
     return row
 
 
-def pool_state():
-    """The client's pool segments (MiB) and the worker's pinning (bytes held, budget, segments refused) after a
-    case: a large case that is slow in one table and not when run again tells by this whether a segment it
-    used was left pageable (its copy to the GPU then goes through the driver's staging, worker/pinning.py)."""
+def state_after():
+    """After a case: the client's pool segments (MiB) and the worker's pinning (bytes held, budget, segments
+    refused), and the worker's collections so far (per generation). A large case that is slow in one table and
+    not when run again tells by these whether a segment it used was left pageable (its copy to the GPU then
+    goes through the driver's staging, worker/pinning.py), or whether the worker's collector ran full
+    collections during it (the difference from the case before)."""
     connection = sklearn_gpu_bridge.get_connection()
+    status = connection.status()
     sizes = connection.pool.segment_bytes if connection.pool is not None else []
-    return {"segments_mib": [size >> 20 for size in sizes], "pinned": connection.status().get("pinned")}
+    return {"pool_after": {"segments_mib": [size >> 20 for size in sizes], "pinned": status.get("pinned")},
+            "worker_collections_after": status.get("collections")}
 
 
 def _with_settings(settings, run):
