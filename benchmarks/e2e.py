@@ -389,10 +389,10 @@ def collection_seconds(runs=5):
 LEGS = ("client before sending", "to the worker", "on the worker", "back", "client after")
 
 
-def last_request_legs(connection, start, end):
-    """The legs (LEGS, seconds) of this thread's last request in a call that ran from ``start`` to ``end``
-    (CLOCK_MONOTONIC, which a worker on this host shares); None where the reply had no worker's stamps."""
-    stamps = connection.last_stamps
+def request_legs(stamps, start, end):
+    """The legs (LEGS, seconds) of a request whose ``Connection.last_stamps`` are ``stamps``, in a call that ran
+    from ``start`` to ``end`` (CLOCK_MONOTONIC, which a worker on this host shares); None where the reply had no
+    worker's stamps."""
     if not stamps or not stamps[2]:
         return None
     sent, received, (arrived, replied) = stamps
@@ -426,7 +426,7 @@ def timed_together(runs, repeats, between="collect", legs_of=()):
                 runs[name]()
                 times[name].append(time.perf_counter() - start)
                 if name in legs:
-                    last = last_request_legs(connection, start_clock, time.monotonic())
+                    last = request_legs(connection.last_stamps, start_clock, time.monotonic())
                     legs[name].append([round(leg * 1e3, 3) for leg in last] if last is not None else None)
             rounds += 1
     finally:
@@ -467,10 +467,11 @@ def profile_cases(cases, use_cuml, repeats=10, top=14):
             run()
             end = time.monotonic()
             totals.append(end - start)
-            last = last_request_legs(connection, start, end)
+            stamps = connection.last_stamps
+            last = request_legs(stamps, start, end)
             if last is not None:
                 legs.append(last)
-                replied = connection.last_stamps[2][1]
+                replied = stamps[2][1]
                 marks = [*(connection.last_worker_steps or ()), ("reply ready", replied)]
                 for (_, before), (step, at) in zip(marks, marks[1:]) if len(marks) > 2 else ():
                     steps.setdefault(step, []).append(at - before)
