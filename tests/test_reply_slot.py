@@ -129,15 +129,19 @@ def test_threads_that_spin_each_get_their_own_replies(connection, spin_long):
 
 def test_a_reply_that_comes_after_the_spin_comes_through_zeromq(connection, monkeypatch):
     """The client stopped watching before the worker wrote the slot: ZeroMQ's copy answers, and the late write
-    into the slot (a block this request still holds) disturbs no later call."""
+    into the slot (a block this request still holds) disturbs no later call. Each fit takes the worker tens of
+    milliseconds and replies with a small model, which fits in the slot: a reply read from ZeroMQ came late,
+    not too large (a call of a fraction of a millisecond could be done before a busy client's first look)."""
     monkeypatch.setattr(client, "SPIN_SECONDS", 1e-6)
-    X = np.random.default_rng(2).standard_normal((100, 3))
+    data = np.random.default_rng(2)
+    X = data.standard_normal((20000, 20))
+    y = (X[:, 0] + 0.5 * data.standard_normal(20000) > 0).astype(np.int32)
     before = connection.stats.get("replies_from_pool", 0)
     with sklearn_gpu_bridge.config_context(reply_wait="spin"):
-        results = [GPUStandardScaler().fit_transform(X + k) for k in range(10)]
-    for k, result in enumerate(results):
-        assert_same(result, StandardScaler().fit_transform(X + k))
+        models = [GPULogisticRegression(C=1.0 + k).fit(X, y) for k in range(10)]
     assert connection.stats.get("replies_from_pool", 0) - before < 10
+    for k, model in enumerate(models):
+        assert_same(model.coef_, LogisticRegression(C=1.0 + k).fit(X, y).coef_)
 
 
 def test_sleep_never_spins(connection):
