@@ -31,6 +31,11 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+try:
+    import resource  # POSIX: the client's page faults per bridged call of a large case
+except ImportError:
+    resource = None
+
 import numpy as np
 from sklearn import cluster, datasets, decomposition, ensemble, linear_model, neighbors, preprocessing, svm
 from sklearn.model_selection import GridSearchCV, cross_val_score
@@ -310,12 +315,14 @@ def state_after():
     refused), and the worker's collections so far (per generation). A large case that is slow in one table and
     not when run again tells by these whether a segment it used was left pageable (its copy to the GPU then
     goes through the driver's staging, worker/pinning.py), or whether the worker's collector ran full
-    collections during it (the difference from the case before)."""
+    collections during it (the difference from the case before), or took page faults ([minor, major] so far:
+    a first touch of memory mapped anew costs one per page)."""
     connection = sklearn_gpu_bridge.get_connection()
     status = connection.status()
     sizes = connection.pool.segment_bytes if connection.pool is not None else []
     return {"pool_after": {"segments_mib": [size >> 20 for size in sizes], "pinned": status.get("pinned")},
-            "worker_collections_after": status.get("collections")}
+            "worker_collections_after": status.get("collections"),
+            "worker_page_faults_after": status.get("page_faults")}
 
 
 def _with_settings(settings, run):
@@ -335,6 +342,9 @@ def _line(row):
     split = [legs for legs in (row.get("bridge") or {}).get("legs_ms") or () if legs]
     if split:
         cells.append("(legs " + ", ".join(f"{m:.1f}" for m in np.median(split, axis=0)) + " ms)")
+    faults = (row.get("bridge") or {}).get("client_minor_faults")
+    if faults:
+        cells.append(f"({int(np.median(faults))} client page faults)")
     pool = row.get("pool_after") or {}
     if row.get("large") and pool.get("pinned"):
         pinned = pool["pinned"]
@@ -399,14 +409,22 @@ def request_legs(stamps, start, end):
     return sent - start, arrived - sent, replied - arrived, received - replied, end - received
 
 
+def minor_faults():
+    """This process's minor page faults so far (POSIX), or None: a call that writes into pool memory this process
+    has not touched before (a segment made or mapped anew) takes one per page."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt if resource is not None else None
+
+
 def timed_together(runs, repeats, between="collect", legs_of=()):
     """``timed`` for several ways of one small case, run in turn (a, b, c, b, c, a, ...) rather than one after
     another: a machine whose speed drifts over seconds (a GPU VM's clocks, the other processes) then moves
     every way alike, and the ratios between them hold. Each way runs as often as the others; ``between``
     says what comes before each call (BETWEEN). For the ways named in ``legs_of`` (bridged ones), each call's
-    last request is split into its LEGS too (``legs_ms``), read after the call's clock has stopped."""
+    last request is split into its LEGS too (``legs_ms``), read after the call's clock has stopped, and the
+    call's minor page faults in this process are counted (``client_minor_faults``)."""
     connection = sklearn_gpu_bridge.get_connection() if legs_of else None
     legs = {name: [] for name in legs_of if name in runs}
+    faults = {name: [] for name in legs}
     names = list(runs)
     for name in names:
         runs[name]()
@@ -421,6 +439,7 @@ def timed_together(runs, repeats, between="collect", legs_of=()):
         while rounds < repeats or (max(sum(t) for t in times.values()) < SMALL_SECONDS and rounds < MAX_REPEATS):
             for name in names[rounds % len(names):] + names[: rounds % len(names)]:
                 before_call(between, pause)
+                faults_before = minor_faults() if name in legs else None
                 start_clock = time.monotonic()
                 start = time.perf_counter()
                 runs[name]()
@@ -428,13 +447,16 @@ def timed_together(runs, repeats, between="collect", legs_of=()):
                 if name in legs:
                     last = request_legs(connection.last_stamps, start_clock, time.monotonic())
                     legs[name].append([round(leg * 1e3, 3) for leg in last] if last is not None else None)
+                    if faults_before is not None:
+                        faults[name].append(minor_faults() - faults_before)
             rounds += 1
     finally:
         if collector_was_on:
             gc.enable()
     return {name: {"median": float(np.median(t)), "min": float(min(t)), "n": len(t), "times": t, "interleaved": True,
                    "between": between, **({"pause_s": pause} if pause else {}),
-                   **({"legs": LEGS, "legs_ms": legs[name]} if name in legs else {})}
+                   **({"legs": LEGS, "legs_ms": legs[name]} if name in legs else {}),
+                   **({"client_minor_faults": faults[name]} if faults.get(name) else {})}
             for name, t in times.items()}
 
 

@@ -653,6 +653,20 @@ def test_array_larger_than_a_segment_round_trips(connection):
 
 
 @needs_memfd
+def test_the_workers_status_counts_its_page_faults(worker):
+    """A benchmark reads the worker's page faults over a case (e2e.py): a pool new to the worker costs it a
+    fault per page it first reads or writes (a few per 2 MiB where shared memory is in huge pages)."""
+    sklearn_gpu_bridge.reset_connection()  # a new client: a pool whose segments the worker has never touched
+    connection = sklearn_gpu_bridge.get_connection()
+    before = connection.status()["page_faults"]
+    array = np.random.default_rng(4).standard_normal(2_500_000)  # 20 MB in, 20 MB out
+    np.testing.assert_array_equal(connection.echo(array)[0], array)
+    after = connection.status()["page_faults"]
+    assert len(before) == len(after) == 2 and all(type(count) is int for count in before + after)
+    assert after[0] - before[0] >= 2 * array.nbytes // (2 << 20)
+
+
+@needs_memfd
 def test_a_worker_waits_for_the_device_before_answering_a_request_that_read_pinned_memory(tmp_path):
     """A real worker (in this process, so that its backend can be a recording one) and a real client: the
     request that read a pinned range settles before its reply, a small one from an unpinned segment does not,
