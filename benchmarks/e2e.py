@@ -302,12 +302,21 @@ def _run_case(case, X, y, repeats, use_cuml, skip_large_sklearn, variants, betwe
     if "bridge" in row and "cuml" in row:
         row["bridge_over_cuml"] = row["bridge"]["median"] / row["cuml"]["median"]
         row["bridge_minus_cuml_ms"] = (row["bridge"]["median"] - row["cuml"]["median"]) * 1e3
+        row["bridge_minus_cuml_paired_ms"] = paired_difference(row["bridge"]["times"], row["cuml"]["times"]) * 1e3
     if "bridge" in row and "sklearn" in row:
         row["speedup_vs_sklearn"] = row["sklearn"]["median"] / row["bridge"]["median"]
     if "bridge" in row:
         row.update(state_after())
     print(_line(row), flush=True)
     return row
+
+
+def paired_difference(times, others):
+    """The median of ``times[i] - others[i]``: two ways' i-th calls ran in one round of ``timed_together``, one
+    soon after the other, so a drift of the machine over the case (every way 30% slower in its second half, seen on
+    the H200 machine) moves both sides of each difference alike, where it moves the two medians apart."""
+    rounds = min(len(times), len(others))
+    return float(np.median(np.subtract(times[:rounds], others[:rounds])))
 
 
 def state_after():
@@ -338,7 +347,8 @@ def _line(row):
     ratio = row.get("bridge_over_cuml")
     cells.append(f"{ratio:6.2f}x" if ratio else f"{'':>7}")
     if "bridge_minus_cuml_ms" in row:
-        cells.append(f"bridge {row['bridge_minus_cuml_ms']:+.2f} ms over cuML")
+        cells.append(f"bridge {row['bridge_minus_cuml_ms']:+.2f} ms over cuML "
+                     f"(round by round {row['bridge_minus_cuml_paired_ms']:+.2f})")
     split = [legs for legs in (row.get("bridge") or {}).get("legs_ms") or () if legs]
     if split:
         cells.append("(legs " + ", ".join(f"{m:.1f}" for m in np.median(split, axis=0)) + " ms)")
