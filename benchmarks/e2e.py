@@ -168,6 +168,9 @@ def labelled(n, d, rng):
 
 SMALL_SECONDS = 0.5  # quick cases repeat until they have run this long (at most MAX_REPEATS times)
 MAX_REPEATS = 100
+# and a small case runs at least this many rounds: its slowest way (scikit-learn's KMeans at 0.11 s a call on
+# a busy visit) would otherwise end it after 5, too few for an interval of the bridge minus cuML
+MIN_SMALL_ROUNDS = 20
 
 
 def timed(run, repeats):
@@ -295,7 +298,8 @@ def _run_case(case, X, y, repeats, use_cuml, skip_large_sklearn, variants, betwe
     runs = {way: lambda m=make: case.run(m(), X, y) for way, make in ways.items()}
     for way, settings in (variants or {}).items() if wrapper is not None and not case.large else ():
         runs[way] = lambda w=wrapper, c=case, s=settings: _with_settings(s, lambda: c.run(w(**c.params), X, y))
-    row.update(timed_together(runs, repeats, between, legs_of=("bridge",) if case.large else ()))
+    rounds = repeats if case.large else max(repeats, MIN_SMALL_ROUNDS)
+    row.update(timed_together(runs, rounds, between, legs_of=("bridge",) if case.large else ()))
     for way in variants or ():
         if way in row and "cuml" in row:
             row[f"{way} minus cuml_ms"] = (row[way]["median"] - row["cuml"]["median"]) * 1e3
