@@ -422,6 +422,14 @@ for stage in "$@"; do
       # gc.collect()s and again as timeit times (the collector off, back to back)
       step 590 "$OUT/e2e-table.txt" python3 benchmarks/e2e.py --parts cases --between collect,timeit \
         --out "$OUT/e2e-table.json" ;;
+    target1)  # issue 15, twenty-second session: the small cases of target 1 (the forest's left out), after
+      # gc.collect()s and timeit's way, at least 60 rounds each (results/gpu-h200-1128b/e2e-small.*); then
+      # their intervals (intervals.py)
+      small="StandardScaler fit_transform 5000x20|PCA(5)|LinearRegression fit+predict|LogisticRegression fit+predict"
+      small="$small|KMeans(3)|SVC(rbf) fit+predict 500x20"
+      step 400 "$OUT/e2e-small.txt" python3 benchmarks/e2e.py --parts cases --between collect,timeit --repeats 60 \
+        --only "$small" --out "$OUT/e2e-small.json"
+      step 60 "$OUT/intervals-small.txt" python3 benchmarks/intervals.py "$OUT/e2e-small.json" ;;
     between)  # issue 15, fifteenth session: the six small cases after each of e2e's BETWEEN (gc.collect(), timeit's
       # way, a pause as long as a collection), in one run; their legs after each of PROFILE_BETWEEN
       small="StandardScaler fit_transform 5000x20|LogisticRegression fit+predict 5000x20|SVC(rbf) fit+predict 500x20"
