@@ -317,7 +317,7 @@ def _run_case(case, X, y, repeats, use_cuml, skip_large_sklearn, variants, betwe
 
 def paired_difference(times, others):
     """The median of ``times[i] - others[i]``: two ways' i-th calls ran in one round of ``timed_together``, one
-    soon after the other, so a drift of the machine over the case (every way 30% slower in its second half, seen on
+    soon after the other, so a drift of the machine over the case (every way 19-46% slower in its second half, seen on
     the H200 machine) moves both sides of each difference alike, where it moves the two medians apart."""
     rounds = min(len(times), len(others))
     return float(np.median(np.subtract(times[:rounds], others[:rounds])))
