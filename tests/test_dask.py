@@ -242,5 +242,6 @@ def test_x_and_y_reach_each_worker_once_per_search_not_once_per_fit(dask_client,
     # once per search, not per fit: at most once per worker as a rule; on a loaded machine Dask's scheduler
     # may drop a worker's replica and have it fetched again (seen once in CI: ['released', 'flight'])
     assert all(len(starts) <= 2 for starts in x_arrivals.values()), (x_arrivals, len(fits))
-    if scatter != "by itself":
-        assert all(starts == ["released"] for starts in x_arrivals.values()), x_arrivals  # broadcast to each
+    if scatter != "by itself":  # broadcast to each: X came to every worker from the scatter first, fetched from
+        # no other worker; a dropped replica fetched again later is the scheduler's (seen once in CI, as above)
+        assert all(starts[:1] == ["released"] for starts in x_arrivals.values()), x_arrivals
