@@ -143,14 +143,14 @@ def rss_bytes():
 
 
 def page_faults():
-    """This process's page faults so far, [minor, major] (Linux: /proc/self/stat), or None. A benchmark reads
-    their growth over a case: a first touch of memory mapped anew costs a fault per page."""
+    """This process's page faults so far, [minor, major] (POSIX), or None. A benchmark reads their growth over a
+    case: a first touch of memory mapped anew costs a fault per page."""
     try:
-        with open("/proc/self/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()  # after the command's name, which may hold spaces
-        return [int(fields[7]), int(fields[9])]  # minflt, majflt: fields 10 and 12 of proc(5)
-    except (OSError, ValueError, IndexError):
+        import resource
+    except ImportError:  # Windows
         return None
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return [usage.ru_minflt, usage.ru_majflt]
 
 
 def check_settings(*, bind=WORKER_DEFAULTS["bind"], key=None, key_file=None, curve_secret_key=None,
