@@ -45,6 +45,8 @@ import sklearn_gpu_bridge
 from sklearn_gpu_bridge.client import REPLY_WAITS
 from sklearn_gpu_bridge.launch import LaunchedWorker
 
+from intervals import paired_difference  # benchmarks/, as the other scripts here import e2e
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -313,14 +315,6 @@ def _run_case(case, X, y, repeats, use_cuml, skip_large_sklearn, variants, betwe
         row.update(state_after())
     print(_line(row), flush=True)
     return row
-
-
-def paired_difference(times, others):
-    """The median of ``times[i] - others[i]``: two ways' i-th calls ran in one round of ``timed_together``, one
-    soon after the other, so a drift of the machine over the case (every way 19-46% slower in its second half, seen on
-    the H200 machine) moves both sides of each difference alike, where it moves the two medians apart."""
-    rounds = min(len(times), len(others))
-    return float(np.median(np.subtract(times[:rounds], others[:rounds])))
 
 
 def state_after():

@@ -3,7 +3,8 @@
 For each row that has both ways, two figures in ms with their intervals:
 the difference of the two medians (resampling each way's ``times`` on its
 own), and the median of the round-by-round differences (resampling the
-rounds; ``e2e.paired_difference``). A large row adds bridge / cuML.
+rounds; :func:`paired_difference`, which ``e2e.py`` records in each row). A
+large row adds bridge / cuML.
 
     python benchmarks/intervals.py benchmarks/results/gpu-h200-1128b/e2e-table.json
 
@@ -17,6 +18,20 @@ import json
 import numpy as np
 
 
+def round_differences(times, others):
+    """``times[i] - others[i]`` for each round both ways ran: their i-th calls ran in one round of
+    ``e2e.timed_together``, one soon after the other."""
+    rounds = min(len(times), len(others))
+    return np.subtract(times[:rounds], others[:rounds])
+
+
+def paired_difference(times, others):
+    """The median of :func:`round_differences`: a drift of the machine over a case (every way 19-46% slower in
+    its second half, seen on the H200 machine) moves both sides of each difference alike, where it can move the
+    two ways' medians apart."""
+    return float(np.median(round_differences(times, others)))
+
+
 def interval(statistic, level, resamples, rng):
     """The central ``level`` % interval of ``statistic(rng)`` over ``resamples`` draws, in ms."""
     draws = [statistic(rng) for _ in range(resamples)]
@@ -27,8 +42,8 @@ def row_figures(row, level=90, resamples=2000, seed=0):
     """(difference of medians, its interval, median of round differences, its interval, rounds), in ms."""
     rng = np.random.default_rng(seed)
     bridge, cuml = np.asarray(row["bridge"]["times"]), np.asarray(row["cuml"]["times"])
-    rounds = min(bridge.size, cuml.size)
-    differences = bridge[:rounds] - cuml[:rounds]
+    differences = round_differences(bridge, cuml)
+    rounds = differences.size
 
     def of_medians(r):
         return np.median(r.choice(bridge, bridge.size)) - np.median(r.choice(cuml, cuml.size))
@@ -37,7 +52,7 @@ def row_figures(row, level=90, resamples=2000, seed=0):
         return np.median(r.choice(differences, rounds))
 
     return ((np.median(bridge) - np.median(cuml)) * 1e3, interval(of_medians, level, resamples, rng),
-            np.median(differences) * 1e3, interval(of_rounds, level, resamples, rng), rounds)
+            paired_difference(bridge, cuml) * 1e3, interval(of_rounds, level, resamples, rng), rounds)
 
 
 def main():
