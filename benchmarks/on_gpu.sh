@@ -430,6 +430,28 @@ for stage in "$@"; do
       step 400 "$OUT/e2e-small.txt" python3 benchmarks/e2e.py --parts cases --between collect,timeit --repeats 60 \
         --only "$small" --out "$OUT/e2e-small.json"
       step 60 "$OUT/intervals-small.txt" python3 benchmarks/intervals.py "$OUT/e2e-small.json" ;;
+    device-copy-small)  # issue 15, twenty-third session: target 1's float32 cases whose cuML class takes X in
+      # column-major order (PCA, the linear models) and StandardScaler, with the worker copying every float X to
+      # the device itself (DEVICE_COPY_MIN_BYTES=0) and copying only X of 8 MiB and more (8388608, the
+      # threshold before), in turn, ROUNDS times (default 1; the first numbered FIRST_ROUND, default 1; an even
+      # round runs them the other way round); each run's intervals (intervals.py); PCA's legs under each
+      small='StandardScaler fit_transform 5000x20$|PCA(5)|LinearRegression fit+predict|LogisticRegression fit+predict 5000x20$'
+      for round in $(seq "${FIRST_ROUND:-1}" $(( ${FIRST_ROUND:-1} + ${ROUNDS:-1} - 1 ))); do
+        order="0 8388608"
+        [ $(( round % 2 )) -eq 0 ] && order="8388608 0"
+        for min_bytes in $order; do
+          step 280 "$OUT/device-copy-small-$min_bytes.txt" env SKLEARN_GPU_BRIDGE_DEVICE_COPY_MIN_BYTES=$min_bytes \
+            python3 benchmarks/e2e.py --parts cases --between collect,timeit --repeats 60 --only "$small" \
+            --out "$OUT/e2e-device-copy-small-$min_bytes-$round.json"
+          step 30 "$OUT/intervals-device-copy-small-$min_bytes.txt" python3 benchmarks/intervals.py \
+            "$OUT/e2e-device-copy-small-$min_bytes-$round.json"
+        done
+      done ;;
+    device-copy-legs)  # the same: PCA(5)'s legs (the worker's steps: "ran" is cuML's) under each threshold
+      for min_bytes in 0 8388608; do
+        step 90 "$OUT/device-copy-legs-$min_bytes.txt" env SKLEARN_GPU_BRIDGE_DEVICE_COPY_MIN_BYTES=$min_bytes \
+          python3 benchmarks/e2e.py --parts profile --only "PCA(5)|LinearRegression fit+predict 5000x20$" --out /tmp/legs.json
+      done ;;
     between)  # issue 15, fifteenth session: the six small cases after each of e2e's BETWEEN (gc.collect(), timeit's
       # way, a pause as long as a collection), in one run; their legs after each of PROFILE_BETWEEN
       small="StandardScaler fit_transform 5000x20|LogisticRegression fit+predict 5000x20|SVC(rbf) fit+predict 500x20"
