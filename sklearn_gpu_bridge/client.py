@@ -452,10 +452,10 @@ class Connection:
             header["release"] = releases
         link = self._link()
         rehearse, link.rehearse_reply = link.rehearse_reply, False  # this call's heads-up's, never a later call's
-        link.disconnected()  # forget drops that happened before this request (a reconnected link keeps its name)
         if slot is None:
+            link.disconnected()  # forget drops that happened before this request (a reconnected link keeps its name)
             link.drop_copies(self.session.unpack)
-        else:  # a worker on this host: it may watch for this thread's next request; copies go in _watch
+        else:  # a worker on this host: it may watch for this thread's next request; copies and drops go in _watch
             header["next_slot"] = self._request_slot(link)
         frames = self.session.pack(header, buffers, digests)
         sent = time.monotonic()  # before the send: a send can return after the worker has the message
@@ -504,6 +504,8 @@ class Connection:
         been idle, and so had this thread's reply steps): a rehearsal of those steps comes first, while the
         worker runs the request (protocol.rehearsal); one that fails turns them off (said once).
         """
+        if link is not None:  # drops from before this request are forgotten while the worker runs it, not before
+            link.disconnected()  # sending; one from the moment since is seen again: ZeroMQ retries every 100 ms
         if rehearse and link is not None and self._rehearsals_on:
             try:
                 link.rehearsal = link.rehearsal or rehearsal.Rehearsal()

@@ -75,22 +75,26 @@ def _wait_fitting(connection, fits_before, seconds=10):
 
 
 @CPU_ONLY
+@pytest.mark.parametrize("reply_wait", ["sleep", "spin"])
 @pytest.mark.parametrize("attempt", range(2))
-def test_worker_sigkilled_mid_call_raises_worker_lost_within_3_s(fresh_worker, attempt):
-    """A worker this process did not start (so no Popen to poll): only the wire tells."""
+def test_worker_sigkilled_mid_call_raises_worker_lost_within_3_s(fresh_worker, attempt, reply_wait):
+    """A worker this process did not start (so no Popen to poll): only the wire tells. A call that watches
+    its reply slot first (``spin``, the GPU worker's way) forgets the drops from before it while it watches:
+    the one of this kill, later, still counts."""
     connection = sklearn_gpu_bridge.get_connection()
     assert connection.process is None
     fits = connection.status()["requests"].get("fit", 0)
-    thread, outcome = _fit_in_thread(GPUSVC(C=100), *long_fit_data())
-    _wait_fitting(connection, fits)
-    fresh_worker.process.kill()
-    killed_at = time.monotonic()
-    thread.join(timeout=30)
+    with sklearn_gpu_bridge.config_context(reply_wait=reply_wait):  # settings are process-wide: the thread's too
+        thread, outcome = _fit_in_thread(GPUSVC(C=100), *long_fit_data())
+        _wait_fitting(connection, fits)
+        fresh_worker.process.kill()
+        killed_at = time.monotonic()
+        thread.join(timeout=30)
     assert not thread.is_alive(), "the client hung on a dead worker"
     assert isinstance(outcome.get("error"), WorkerLost), outcome
     assert "closed during a 'fit' request" in str(outcome["error"])
     took = outcome["at"] - killed_at
-    record("worker_sigkill_to_worker_lost", seconds=round(took, 4), attempt=attempt)
+    record("worker_sigkill_to_worker_lost", seconds=round(took, 4), attempt=attempt, reply_wait=reply_wait)
     assert took < LOST_WITHIN
 
 
@@ -176,18 +180,20 @@ def test_busy_worker_is_not_mistaken_for_dead(fresh_worker):
     assert model.predict(X[:10]).shape == (10,)
 
 
-def test_worker_killed_between_calls_raises_worker_lost_not_a_hang(fresh_worker):
+@pytest.mark.parametrize("reply_wait", ["sleep", "spin"])
+def test_worker_killed_between_calls_raises_worker_lost_not_a_hang(fresh_worker, reply_wait):
     connection = sklearn_gpu_bridge.get_connection()
     X = np.random.default_rng(0).normal(size=(50, 3))
-    GPUStandardScaler().fit(X)
-    fresh_worker.process.kill()
-    fresh_worker.process.wait()
-    started = time.monotonic()
-    with pytest.raises(WorkerLost):
+    with sklearn_gpu_bridge.config_context(reply_wait=reply_wait):
         GPUStandardScaler().fit(X)
+        fresh_worker.process.kill()
+        fresh_worker.process.wait()
+        started = time.monotonic()
+        with pytest.raises(WorkerLost):
+            GPUStandardScaler().fit(X)
     took = time.monotonic() - started
     record("worker_dead_before_call_to_worker_lost", seconds=round(took, 4),
-           heartbeat_timeout=connection.heartbeat_timeout)
+           heartbeat_timeout=connection.heartbeat_timeout, reply_wait=reply_wait)
     # ZeroMQ's reconnect (every 100 ms) is refused: known well before a heartbeat timeout
     assert took < connection.heartbeat_timeout / 2
 
