@@ -2,7 +2,7 @@
 
     python benchmarks/chance_over.py "LogisticRegression fit 1M x 50" 'benchmarks/results/gpu-h200-112[78]*/*.json'
 
-A table gives each way of a large case the median of a few calls (``e2e.py``'s ``--repeats``, 3). Where one
+A table gives each way of a large case the median of a few calls (3 until ``e2e.py``'s ``LARGE_SECONDS``). Where one
 call in several is much slower than the rest, in both ways, that median depends on how many slow calls each way
 happened to draw. This pools every call of the case from the given e2e JSON files, one pool per way. It prints
 the share of each way's calls that are slow (over 1.3x its pool's median), and how often a median of N

@@ -173,8 +173,9 @@ MAX_REPEATS = 100
 # and a small case runs at least this many rounds: its slowest way (scikit-learn's KMeans at 0.11 s a call on
 # a busy visit) would otherwise end it after 5, too few for an interval of the bridge minus cuML
 MIN_SMALL_ROUNDS = 20
-# a large case repeats until its slowest way has run LARGE_SECONDS, from its --repeats (3) up to MAX_LARGE_ROUNDS.
-# cuML's LogisticRegression fit on 1M x 50 takes about 37-42 ms a call, but some calls take up to 97 ms: 18% of
+# a large case repeats until its slowest way has run LARGE_SECONDS, from its --repeats (3) up to MAX_LARGE_ROUNDS
+# (before: until SMALL_SECONDS, which only the 51 MB scaler's calls were short enough to reach, with a 4th round).
+# cuML's LogisticRegression fit on 1M x 50 takes about 37-42 ms a call, but some calls take up to 78 ms: 18% of
 # them over 1.3x the median in process, 23% through the bridge, where the extra time is cuML's step on the worker
 # (its legs). A median of 3 then puts the bridge over 1.10x of cuML by chance in some 16% of tables, a median of
 # 11 in some 4% (chance_over.py, on the calls since 2026-11-27). The cases of seconds (scikit-learn's KMeans on

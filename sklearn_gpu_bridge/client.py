@@ -505,7 +505,10 @@ class Connection:
         worker runs the request (protocol.rehearsal); one that fails turns them off (said once).
         """
         if link is not None:  # drops from before this request are forgotten while the worker runs it, not before
-            link.disconnected()  # sending; one from the moment since is seen again: ZeroMQ retries every 100 ms
+            # sending. One in the microseconds since the send is forgotten too; ZeroMQ's reconnects, every 100 ms,
+            # then tell of a worker that is gone, but not of one replaced at the same address meanwhile, whose pings
+            # answer while this request waits (that gap was microseconds narrower before)
+            link.disconnected()
         if rehearse and link is not None and self._rehearsals_on:
             try:
                 link.rehearsal = link.rehearsal or rehearsal.Rehearsal()

@@ -85,6 +85,7 @@ def test_worker_sigkilled_mid_call_raises_worker_lost_within_3_s(fresh_worker, a
     assert connection.process is None
     fits = connection.status()["requests"].get("fit", 0)
     with sklearn_gpu_bridge.config_context(reply_wait=reply_wait):  # settings are process-wide: the thread's too
+        assert (connection.spin_seconds() > 0) == (reply_wait == "spin")  # the way named is the way taken
         thread, outcome = _fit_in_thread(GPUSVC(C=100), *long_fit_data())
         _wait_fitting(connection, fits)
         fresh_worker.process.kill()
@@ -185,6 +186,7 @@ def test_worker_killed_between_calls_raises_worker_lost_not_a_hang(fresh_worker,
     connection = sklearn_gpu_bridge.get_connection()
     X = np.random.default_rng(0).normal(size=(50, 3))
     with sklearn_gpu_bridge.config_context(reply_wait=reply_wait):
+        assert (connection.spin_seconds() > 0) == (reply_wait == "spin")  # the way named is the way taken
         GPUStandardScaler().fit(X)
         fresh_worker.process.kill()
         fresh_worker.process.wait()

@@ -119,9 +119,9 @@ def _check_device_memory(kind):
 
 
 #: a float X of this many bytes or more goes to the device before cuML sees it (CumlBackend.inputs): every one.
-#: Until the twenty-third session of issue 15 only X of 8 MiB and more did; copying a small one too took 0.2-0.6 ms
-#: off PCA(5) and StandardScaler on 5000 x 20 after a ``gc.collect()`` and 0.2-0.5 ms off a LinearRegression pair
-#: on the H200 (results/gpu-h200-1128c/)
+#: Until the twenty-third session of issue 15 only X of 8 MiB and more did; copying a small one too took, round by
+#: round after a ``gc.collect()`` on the H200, 0.23-0.57 ms off PCA(5) on 5000 x 20, 0.35-0.79 ms off StandardScaler
+#: and 0.16-0.33 ms off a LinearRegression pair (results/gpu-h200-1128c/)
 DEVICE_COPY_MIN_BYTES = 0
 #: a worker's environment may set another threshold (8388608: the one before)
 DEVICE_COPY_ENV = "SKLEARN_GPU_BRIDGE_DEVICE_COPY_MIN_BYTES"
@@ -350,7 +350,7 @@ class CumlBackend(Backend):
         given a device array, cuML changes its order on the device. Either way the same bytes reach the
         estimator. PCA(10) on 1M x 100 on the H200 machine: 0.88 s before, 0.065 s after
         (``results/gpu-h200-1125c/device-copy-*.txt``); PCA(5) on 5000 x 20, cuML's step on the worker after a
-        ``gc.collect()``: 2.05-2.12 ms before, 1.73-1.81 ms after (``results/gpu-h200-1128c/``).
+        ``gc.collect()`` / a pause as long: 2.12 / 2.05 ms before, 1.73 / 1.81 ms after (``results/gpu-h200-1128c/``).
         """
         X = args[0] if args else None
         if (type(X) is not np.ndarray or X.ndim != 2 or X.dtype not in DEVICE_COPY_DTYPES
