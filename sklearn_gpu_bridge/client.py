@@ -507,7 +507,7 @@ class Connection:
         if link is not None:  # drops from before this request are forgotten while the worker runs it, not before
             # sending. One in the microseconds since the send is forgotten too; ZeroMQ's reconnects, every 100 ms,
             # then tell of a worker that is gone, but not of one replaced at the same address meanwhile, whose pings
-            # answer while this request waits (that gap was microseconds narrower before)
+            # answer while this request waits (when the look came before sending, no drop after the send was lost)
             link.disconnected()
         if rehearse and link is not None and self._rehearsals_on:
             try:
