@@ -37,6 +37,22 @@ alternate() {  # alternate NAME SECONDS CASES: e2e's cases before (BEFORE_SITE) 
   done
 }
 
+in_turn() {  # in_turn NAME VARIABLE "VALUES" SECONDS E2E-ARGS...: e2e.py's cases with the environment's VARIABLE (the
+  # client's and the worker it starts) at each of VALUES in turn, ROUNDS times (default 1), the first numbered
+  # FIRST_ROUND (default 1), an even round taking the values the other way round; each run's intervals (intervals.py)
+  local name=$1 variable=$2 values=$3 seconds=$4 round value order
+  shift 4
+  for round in $(seq "${FIRST_ROUND:-1}" $(( ${FIRST_ROUND:-1} + ${ROUNDS:-1} - 1 ))); do
+    order=$values
+    [ $(( round % 2 )) -eq 0 ] && order=$(printf '%s\n' $values | tac)
+    for value in $order; do
+      step "$seconds" "$OUT/$name-$value.txt" env "$variable=$value" python3 benchmarks/e2e.py --parts cases "$@" \
+        --out "$OUT/e2e-$name-$value-$round.json"
+      step 30 "$OUT/intervals-$name-$value.txt" python3 benchmarks/intervals.py "$OUT/e2e-$name-$value-$round.json"
+    done
+  done
+}
+
 for stage in "$@"; do
   case $stage in
     reliability)  # security over CURVE, faults (the GPU's own out-of-memory test too), the bad-input table
@@ -433,20 +449,10 @@ for stage in "$@"; do
     device-copy-small)  # issue 15, twenty-third session: target 1's float32 cases whose cuML class takes X in
       # column-major order (PCA, the linear models) and StandardScaler, with the worker copying every float X to
       # the device itself (DEVICE_COPY_MIN_BYTES=0) and copying only X of 8 MiB and more (8388608, the
-      # threshold before), in turn, ROUNDS times (default 1; the first numbered FIRST_ROUND, default 1; an even
-      # round runs them the other way round); each run's intervals (intervals.py); PCA's legs under each
+      # threshold before), in turn (in_turn: ROUNDS, FIRST_ROUND)
       small='StandardScaler fit_transform 5000x20$|PCA(5)|LinearRegression fit+predict|LogisticRegression fit+predict 5000x20$'
-      for round in $(seq "${FIRST_ROUND:-1}" $(( ${FIRST_ROUND:-1} + ${ROUNDS:-1} - 1 ))); do
-        order="0 8388608"
-        [ $(( round % 2 )) -eq 0 ] && order="8388608 0"
-        for min_bytes in $order; do
-          step 280 "$OUT/device-copy-small-$min_bytes.txt" env SKLEARN_GPU_BRIDGE_DEVICE_COPY_MIN_BYTES=$min_bytes \
-            python3 benchmarks/e2e.py --parts cases --between collect,timeit --repeats 60 --only "$small" \
-            --out "$OUT/e2e-device-copy-small-$min_bytes-$round.json"
-          step 30 "$OUT/intervals-device-copy-small-$min_bytes.txt" python3 benchmarks/intervals.py \
-            "$OUT/e2e-device-copy-small-$min_bytes-$round.json"
-        done
-      done ;;
+      in_turn device-copy-small SKLEARN_GPU_BRIDGE_DEVICE_COPY_MIN_BYTES "0 8388608" 280 \
+        --between collect,timeit --repeats 60 --only "$small" ;;
     device-copy-legs)  # the same: PCA(5)'s legs (the worker's steps: "ran" is cuML's) under each threshold
       for min_bytes in 0 8388608; do
         step 90 "$OUT/device-copy-legs-$min_bytes.txt" env SKLEARN_GPU_BRIDGE_DEVICE_COPY_MIN_BYTES=$min_bytes \
@@ -488,16 +494,11 @@ for n in range(int(lo), int(hi or lo) + 1)]; print(",".join(map(str, c[:4])))' "
       # is given a tiny kernel first? (device_wake.py, in process)
       step 200 "$OUT/device-wake.txt" python3 benchmarks/device_wake.py --out "$OUT/device-wake.json" ;;
     rehearse)  # the same session: the three float32 small cases with rehearsals (protocol.rehearsal: each side walks a made-up
-      # message's steps while it waits on the other) and without (REHEARSE=0), alternated ROUNDS times (default 2),
-      # the first numbered FIRST_ROUND
+      # message's steps while it waits on the other) and without (REHEARSE=0), in turn (in_turn), ROUNDS times
+      # (default 2), the first numbered FIRST_ROUND
       small='StandardScaler fit_transform 5000x20$|LogisticRegression fit+predict 5000x20$|SVC(rbf) fit+predict 500x20$'
-      for round in $(seq "${FIRST_ROUND:-1}" $(( ${FIRST_ROUND:-1} + ${ROUNDS:-2} - 1 ))); do
-        for rehearse in 0 1; do
-          step 250 "$OUT/rehearse-$rehearse.txt" env SKLEARN_GPU_BRIDGE_REHEARSE=$rehearse python3 benchmarks/e2e.py \
-            --parts cases --only "$small" --no-sklearn-large --between collect,pause \
-            --out "$OUT/e2e-rehearse-$rehearse-$round.json"
-        done
-      done ;;
+      ROUNDS=${ROUNDS:-2} in_turn rehearse SKLEARN_GPU_BRIDGE_REHEARSE "0 1" 250 \
+        --only "$small" --no-sklearn-large --between collect,pause ;;
     rehearse-legs)  # the same: the legs of the three float32 small cases without rehearsals and with
       small='StandardScaler fit_transform 5000x20$|LogisticRegression fit+predict 5000x20$|SVC(rbf) fit+predict 500x20$'
       for rehearse in 0 1; do
