@@ -31,11 +31,6 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-try:
-    import resource  # POSIX: the client's page faults per bridged call of a large case
-except ImportError:
-    resource = None
-
 import numpy as np
 from sklearn import cluster, datasets, decomposition, ensemble, linear_model, neighbors, preprocessing, svm
 from sklearn.model_selection import GridSearchCV, cross_val_score
@@ -44,6 +39,7 @@ from sklearn.pipeline import Pipeline
 import sklearn_gpu_bridge
 from sklearn_gpu_bridge.client import REPLY_WAITS
 from sklearn_gpu_bridge.launch import LaunchedWorker
+from sklearn_gpu_bridge.worker.server import page_faults
 
 from intervals import paired_difference  # benchmarks/, as the other scripts here import e2e
 
@@ -433,7 +429,8 @@ def request_legs(stamps, start, end):
 def minor_faults():
     """This process's minor page faults so far (POSIX), or None: a call that writes into pool memory this process
     has not touched before (a segment made or mapped anew) takes one per page."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt if resource is not None else None
+    faults = page_faults()  # as the worker reads its own for its status
+    return faults[0] if faults is not None else None
 
 
 def timed_together(runs, repeats, between="collect", legs_of=(), seconds=SMALL_SECONDS, most=MAX_REPEATS):
