@@ -556,6 +556,9 @@ for n in range(int(lo), int(hi or lo) + 1)]; print(",".join(map(str, c[:4])))' "
     oom)  # the GPU's out-of-memory test and the allocator tests under the worker's default device memory
       step 200 "$OUT/pytest-cuml-oom.txt" "${PYTEST[@]}" -q -rfEs --tb=short tests/test_faults.py tests/test_worker.py \
         -k "out_of_memory or device_memory or memory_pools" ;;
+    dask-tests)  # issue 15, twenty-fourth session: the Dask tests on the GPU machine, where each Dask worker runs
+      # cuML in its own process (Dask's wheels carried in .gpu-wheels/extra)
+      step 300 "$OUT/pytest-cuml-dask.txt" "${PYTEST[@]}" -q -rfEs --tb=short tests/test_dask.py ;;
     grid-njobs)  # the README's n_jobs rows: the grid with the default worker, 3 repeats
       step 400 "$OUT/grid-njobs.txt" python3 benchmarks/e2e.py --parts grid --repeats 3 \
         --grid-ways "sklearn (n_jobs=-1)|bridge|bridge n_jobs=4|bridge n_jobs=-1|cuml" --out "$OUT/e2e-grid-njobs.json" ;;
