@@ -559,6 +559,9 @@ for n in range(int(lo), int(hi or lo) + 1)]; print(",".join(map(str, c[:4])))' "
     dask-tests)  # issue 15, twenty-fourth session: the Dask tests on the GPU machine, where each Dask worker runs
       # cuML in its own process (Dask's wheels carried in .gpu-wheels/extra)
       step 300 "$OUT/pytest-cuml-dask.txt" "${PYTEST[@]}" -q -rfEs --tb=short tests/test_dask.py ;;
+    slow-calls)  # issue 15, twenty-fourth session: the float32 LogisticRegression 1M fit's slow calls, in process and
+      # bridged in a random order, some after a pause: what came before each, its iterations (slow_calls.py)
+      step 200 "$OUT/slow-calls.txt" python3 benchmarks/slow_calls.py --calls 120 --out "$OUT/slow-calls.json" ;;
     grid-njobs)  # the README's n_jobs rows: the grid with the default worker, 3 repeats
       step 400 "$OUT/grid-njobs.txt" python3 benchmarks/e2e.py --parts grid --repeats 3 \
         --grid-ways "sklearn (n_jobs=-1)|bridge|bridge n_jobs=4|bridge n_jobs=-1|cuml" --out "$OUT/e2e-grid-njobs.json" ;;

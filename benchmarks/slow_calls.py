@@ -1,0 +1,103 @@
+"""Which calls of a large case are slow, and why: the solver's iterations, or what ran on the GPU just before.
+
+    python benchmarks/slow_calls.py --calls 90 --out slow-calls.json
+
+cuML's LogisticRegression fit on 1M x 50 float32 takes about 37 ms a call, but some calls take 55-80 ms, in
+process and through the bridge alike (``chance_over.py``). This times one case's calls, cuML in process and
+through a worker of its own (``--backend``), in an order drawn at random (seed 0), each call after a ``gc.collect()`` and,
+one call in three, a pause as long as scikit-learn's fit in e2e's table (``--pause``). For each call it writes
+what came just before (the other way, the same way, or the pause), the seconds, the solver's ``n_iter_``, the
+first coefficients, and for the bridge its legs; then, per way and per what came before, the median and the
+share of slow calls (over ``--slow`` times the way's fastest quartile).
+"""
+
+import argparse
+import gc
+import json
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+import sklearn_gpu_bridge
+from e2e import CASES, LEGS, WorkerProcess, cuml_class, make_data, request_legs
+
+
+def n_iter(model):
+    value = getattr(model, "n_iter_", None)
+    return None if value is None else np.asarray(value).ravel().tolist()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", choices=("cuml", "sklearn"), default="cuml")
+    parser.add_argument("--case", default="LogisticRegression fit 1M x 50")
+    parser.add_argument("--calls", type=int, default=90)
+    parser.add_argument("--pause", type=float, default=0.7, help="seconds, before one call in three")
+    parser.add_argument("--slow", type=float, default=1.3)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    case = next(c for c in CASES if c.name == args.case)
+    X, y = make_data(case)
+    worker = WorkerProcess(args.backend)
+    sklearn_gpu_bridge.set_config(connection_file=str(worker.connection_file), start_local_worker=False)
+    connection = sklearn_gpu_bridge.get_connection()
+    local = cuml_class(case.cuml) if args.backend == "cuml" else case.sklearn
+    makers = {"in process": lambda: local(**case.params),
+              "bridge": lambda: getattr(sklearn_gpu_bridge, case.bridge)(**case.params)}
+    rng = np.random.default_rng(0)
+    calls, before = [], "start"
+    try:
+        for way in makers:  # warm-up
+            case.run(makers[way](), X, y)
+        for _ in range(args.calls):
+            way = str(rng.choice(list(makers)))
+            if rng.random() < 1 / 3:
+                time.sleep(args.pause)
+                before = "pause"
+            gc.collect()
+            model = makers[way]()
+            start_clock = time.monotonic()
+            start = time.perf_counter()
+            case.run(model, X, y)
+            seconds = time.perf_counter() - start
+            legs = request_legs(connection.last_stamps, start_clock, time.monotonic()) if way == "bridge" else None
+            calls.append({"way": way, "before": before, "seconds": seconds, "n_iter": n_iter(model),
+                          "coef_head": np.asarray(model.coef_).ravel()[:3].tolist(),
+                          **({"legs_ms": [round(leg * 1e3, 3) for leg in legs]} if legs else {})})
+            before = way
+    finally:
+        sklearn_gpu_bridge.reset_connection()
+        worker.stop()
+    summary = summarise(calls, args.slow)
+    Path(args.out).write_text(json.dumps({"case": case.name, "legs": LEGS, "calls": calls, "summary": summary},
+                                         indent=1))
+    for line in summary:
+        print(line)
+
+
+def summarise(calls, slow):
+    """Lines: per way and what came before, the calls, the median ms, the share slow; the iterations seen."""
+    lines = []
+    for way in ("in process", "bridge"):
+        mine = [c for c in calls if c["way"] == way]
+        fast = np.quantile([c["seconds"] for c in mine], 0.25)
+        groups = defaultdict(list)
+        for c in mine:
+            groups[c["before"]].append(c["seconds"])
+        for before, seconds in sorted(groups.items()):
+            seconds = np.array(seconds)
+            lines.append(f"{way:10} after {before:10}: {len(seconds):3} calls, median {np.median(seconds) * 1e3:6.1f} ms, "
+                         f"{np.mean(seconds > slow * fast):4.0%} slow")
+        by_iter = defaultdict(list)
+        for c in mine:
+            by_iter[str(c["n_iter"])].append(c["seconds"] * 1e3)
+        for iters, ms in sorted(by_iter.items()):
+            lines.append(f"{way:10} n_iter_ {iters}: {len(ms):3} calls, median {np.median(ms):6.1f} ms, "
+                         f"min {min(ms):6.1f}, max {max(ms):6.1f}")
+    return lines
+
+
+if __name__ == "__main__":
+    main()
