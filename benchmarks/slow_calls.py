@@ -8,7 +8,9 @@ through a worker of its own (``--backend``), in an order drawn at random (seed 0
 one call in three, a pause as long as scikit-learn's fit in e2e's table (``--pause``). For each call it writes
 what came just before (the other way, the same way, or the pause), the seconds, the solver's ``n_iter_``, the
 first coefficients, and for the bridge its legs; then, per way and per what came before, the median and the
-share of slow calls (over ``--slow`` times the way's fastest quartile).
+share of slow calls (over ``--slow`` times the way's fastest quartile). ``--worker-device-memory`` and
+``--in-process-device-memory`` give either side the other's device memory, to see whether that moves the
+iterations.
 """
 
 import argparse
@@ -21,6 +23,8 @@ from pathlib import Path
 import numpy as np
 
 import sklearn_gpu_bridge
+from sklearn_gpu_bridge.worker.backends import use_device_memory
+
 from e2e import CASES, LEGS, WorkerProcess, cuml_class, make_data, request_legs
 
 
@@ -36,11 +40,16 @@ def main():
     parser.add_argument("--calls", type=int, default=90)
     parser.add_argument("--pause", type=float, default=0.7, help="seconds, before one call in three")
     parser.add_argument("--slow", type=float, default=1.3)
+    parser.add_argument("--worker-device-memory", default=None, help="the worker's device_memory (default: its own)")
+    parser.add_argument("--in-process-device-memory", default=None,
+                        help="this process's device memory set as the worker sets its own (async-cupy, async)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     case = next(c for c in CASES if c.name == args.case)
     X, y = make_data(case)
-    worker = WorkerProcess(args.backend)
+    worker = WorkerProcess(args.backend, device_memory=args.worker_device_memory)
+    if args.in_process_device_memory:
+        use_device_memory(args.in_process_device_memory)
     sklearn_gpu_bridge.set_config(connection_file=str(worker.connection_file), start_local_worker=False)
     connection = sklearn_gpu_bridge.get_connection()
     local = cuml_class(case.cuml) if args.backend == "cuml" else case.sklearn
