@@ -564,10 +564,10 @@ for n in range(int(lo), int(hi or lo) + 1)]; print(",".join(map(str, c[:4])))' "
       step 200 "$OUT/slow-calls.txt" python3 benchmarks/slow_calls.py --calls 120 --out "$OUT/slow-calls.json" ;;
     slow-calls-memory)  # the same: again as it was, then in process under the worker's device memory, then the
       # worker under cuML's default (cuda), to see whether that moves the iterations each side draws
-      step 100 "$OUT/slow-calls-again.txt" python3 benchmarks/slow_calls.py --calls 90 --out "$OUT/slow-calls-again.json"
-      step 100 "$OUT/slow-calls-in-process-async.txt" python3 benchmarks/slow_calls.py --calls 90 \
+      step 100 "$OUT/slow-calls-again.txt" python3 benchmarks/slow_calls.py --calls 70 --out "$OUT/slow-calls-again.json"
+      step 100 "$OUT/slow-calls-in-process-async.txt" python3 benchmarks/slow_calls.py --calls 70 \
         --in-process-device-memory async-cupy --out "$OUT/slow-calls-in-process-async.json"
-      step 100 "$OUT/slow-calls-worker-cuda.txt" python3 benchmarks/slow_calls.py --calls 90 \
+      step 100 "$OUT/slow-calls-worker-cuda.txt" python3 benchmarks/slow_calls.py --calls 70 \
         --worker-device-memory cuda --out "$OUT/slow-calls-worker-cuda.json" ;;
     grid-njobs)  # the README's n_jobs rows: the grid with the default worker, 3 repeats
       step 400 "$OUT/grid-njobs.txt" python3 benchmarks/e2e.py --parts grid --repeats 3 \
