@@ -173,9 +173,11 @@ MIN_SMALL_ROUNDS = 20
 # (before: until SMALL_SECONDS, which only the 51 MB scaler's calls were short enough to reach, with a 4th round).
 # cuML's LogisticRegression fit on 1M x 50 takes about 37-42 ms a call, but some calls take up to 78 ms: 18% of
 # them over 1.3x the median in process, 23% through the bridge, where the extra time is cuML's step on the worker
-# (its legs). A median of 3 then puts the bridge over 1.10x of cuML by chance in some 16% of tables, a median of
-# 11 in some 4% (chance_over.py, on the calls since 2026-11-27). The cases of seconds (scikit-learn's KMeans on
-# 1M, the forest, SVC) keep their 3.
+# (its legs). Those are the calls whose L-BFGS ran 15-20 iterations rather than 13-14: cuML's count varies from
+# call to call on the same data, in process too (slow_calls.py, results/gpu-h200-1128d/), so each call records
+# it (n_iter) and the row compares calls of equal count too (same_iterations). A median of 3 then puts the
+# bridge over 1.10x of cuML by chance in some 16% of tables, a median of 11 in some 4% (chance_over.py, on the
+# calls since 2026-11-27). The cases of seconds (scikit-learn's KMeans on 1M, the forest, SVC) keep their 3.
 LARGE_SECONDS = 8.0
 MAX_LARGE_ROUNDS = 11
 
@@ -318,12 +320,37 @@ def _run_case(case, X, y, repeats, use_cuml, skip_large_sklearn, variants, betwe
         row["bridge_over_cuml"] = row["bridge"]["median"] / row["cuml"]["median"]
         row["bridge_minus_cuml_ms"] = (row["bridge"]["median"] - row["cuml"]["median"]) * 1e3
         row["bridge_minus_cuml_paired_ms"] = paired_difference(row["bridge"]["times"], row["cuml"]["times"]) * 1e3
+        same = same_iterations(row["bridge"], row["cuml"])
+        if same:
+            row["bridge_over_cuml_same_iterations"] = same
     if "bridge" in row and "sklearn" in row:
         row["speedup_vs_sklearn"] = row["sklearn"]["median"] / row["bridge"]["median"]
     if "bridge" in row:
         row.update(state_after())
     print(_line(row), flush=True)
     return row
+
+
+def same_iterations(bridge, cuml, least=2):
+    """The bridge over cuML in process among the calls whose solver ran the same number of iterations, for the
+    number most calls ran with at least ``least`` calls of each way; or None.
+
+    cuML's LogisticRegression fit on the same 1M x 50 runs 13 to 20 L-BFGS iterations from call to call, in
+    process and through the bridge alike, and a call of 15 or more takes some 1.5-2x one of 13
+    (results/gpu-h200-1128d/slow-calls*.txt): the medians of a few calls then say as much about which counts
+    each way drew as about the bridge. Same iterations, same work."""
+    if not bridge.get("n_iter") or not cuml.get("n_iter"):
+        return None
+    counts = {k: (bridge["n_iter"].count(k), cuml["n_iter"].count(k)) for k in set(bridge["n_iter"])}
+    shared = [k for k, (b, c) in counts.items() if b >= least and c >= least]
+    if not shared:
+        return None
+    k = max(shared, key=lambda k: (sum(counts[k]), -k))
+
+    def median(way):
+        return float(np.median([t for t, n in zip(way["times"], way["n_iter"]) if n == k]))
+
+    return {"n_iter": k, "calls": list(counts[k]), "ratio": median(bridge) / median(cuml)}
 
 
 def state_after():
@@ -356,6 +383,11 @@ def _line(row):
     if "bridge_minus_cuml_ms" in row:
         cells.append(f"bridge {row['bridge_minus_cuml_ms']:+.2f} ms over cuML "
                      f"(round by round {row['bridge_minus_cuml_paired_ms']:+.2f})")
+    same = row.get("bridge_over_cuml_same_iterations")
+    if same:
+        means = ", ".join(f"{way} {np.mean(row[way]['n_iter']):.1f}" for way in ("cuml", "bridge"))
+        cells.append(f"(iterations, mean: {means}; at {same['n_iter']}, {same['calls'][0]} and {same['calls'][1]} "
+                     f"calls: {same['ratio']:.2f}x)")
     split = [legs for legs in (row.get("bridge") or {}).get("legs_ms") or () if legs]
     if split:
         cells.append("(legs " + ", ".join(f"{m:.1f}" for m in np.median(split, axis=0)) + " ms)")
@@ -449,6 +481,7 @@ def timed_together(runs, repeats, between="collect", legs_of=(), seconds=SMALL_S
         runs[name]()
     pause = collection_seconds() if between in ("pause", "spin") else 0.0
     times = {name: [] for name in names}
+    iterations = {name: [] for name in names}  # the solver's, where the call returns a fitted estimator with n_iter_
     rounds = 0
     collector_was_on = gc.isenabled()
     if between == "timeit":
@@ -461,8 +494,10 @@ def timed_together(runs, repeats, between="collect", legs_of=(), seconds=SMALL_S
                 faults_before = minor_faults() if name in legs else None
                 start_clock = time.monotonic()
                 start = time.perf_counter()
-                runs[name]()
+                result = runs[name]()
                 times[name].append(time.perf_counter() - start)
+                if getattr(result, "n_iter_", None) is not None:
+                    iterations[name].append(int(np.max(result.n_iter_)))
                 if name in legs:
                     last = request_legs(connection.last_stamps, start_clock, time.monotonic())
                     legs[name].append([round(leg * 1e3, 3) for leg in last] if last is not None else None)
@@ -475,7 +510,8 @@ def timed_together(runs, repeats, between="collect", legs_of=(), seconds=SMALL_S
     return {name: {"median": float(np.median(t)), "min": float(min(t)), "n": len(t), "times": t, "interleaved": True,
                    "between": between, **({"pause_s": pause} if pause else {}),
                    **({"legs": LEGS, "legs_ms": legs[name]} if name in legs else {}),
-                   **({"client_minor_faults": faults[name]} if faults.get(name) else {})}
+                   **({"client_minor_faults": faults[name]} if faults.get(name) else {}),
+                   **({"n_iter": iterations[name]} if iterations[name] else {})}
             for name, t in times.items()}
 
 
