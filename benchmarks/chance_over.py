@@ -18,11 +18,16 @@ import numpy as np
 
 
 def pooled_times(case, paths):
-    """Every call's seconds of ``case``, per way (bridge, cuml), from e2e JSON files; and how many rows."""
+    """Every call's seconds of ``case``, per way (bridge, cuml), from e2e JSON files and slow_calls.py's; and how
+    many rows (a slow_calls.py file is one)."""
     bridge, cuml, rows = [], [], 0
     for path in paths:
         with open(path) as f:
             report = json.load(f)
+        if isinstance(report, dict) and report.get("case") == case and "calls" in report:  # slow_calls.py
+            bridge += [c["seconds"] for c in report["calls"] if c["way"] == "bridge"]
+            cuml += [c["seconds"] for c in report["calls"] if c["way"] == "in process"]
+            rows += 1
         for row in report.get("cases", []) if isinstance(report, dict) else []:
             if row.get("case") == case and "bridge" in row and "cuml" in row:
                 bridge += row["bridge"]["times"]
@@ -42,7 +47,7 @@ def chance_over(bridge, cuml, rounds, ratio, draws=100_000, seed=0):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("case")
-    parser.add_argument("files", nargs="+", help="e2e JSON files, or glob patterns of them")
+    parser.add_argument("files", nargs="+", help="e2e or slow_calls.py JSON files, or glob patterns of them")
     parser.add_argument("--ratio", type=float, default=1.10)
     parser.add_argument("--rounds", default="3,5,7,11")
     args = parser.parse_args()

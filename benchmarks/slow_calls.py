@@ -1,6 +1,7 @@
 """Which calls of a large case are slow, and why: the solver's iterations, or what ran on the GPU just before.
 
     python benchmarks/slow_calls.py --calls 90 --out slow-calls.json
+    python benchmarks/slow_calls.py --pool results/gpu-h200-1128d/slow-calls*.json    # several runs' calls together
 
 cuML's LogisticRegression fit on 1M x 50 float32 takes about 37 ms a call, but some calls take 55-80 ms, in
 process and through the bridge alike (``chance_over.py``). This times one case's calls, cuML in process and
@@ -43,8 +44,14 @@ def main():
     parser.add_argument("--worker-device-memory", default=None, help="the worker's device_memory (default: its own)")
     parser.add_argument("--in-process-device-memory", default=None,
                         help="this process's device memory set as the worker sets its own (async-cupy, async)")
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out")
+    parser.add_argument("--pool", nargs="+", metavar="FILE", help="run nothing: the summary of these runs' calls "
+                        "together, and whether the two ways' iterations differ (Mann-Whitney U)")
     args = parser.parse_args()
+    if args.pool:
+        return print_pooled(args.pool, args.slow)
+    if not args.out:
+        parser.error("--out is required for a run")
     case = next(c for c in CASES if c.name == args.case)
     X, y = make_data(case)
     worker = WorkerProcess(args.backend, device_memory=args.worker_device_memory)
@@ -84,6 +91,17 @@ def main():
                                          indent=1))
     for line in summary:
         print(line)
+
+
+def print_pooled(paths, slow):
+    from scipy.stats import mannwhitneyu
+
+    calls = [call for path in paths for call in json.loads(Path(path).read_text())["calls"]]
+    for line in summarise(calls, slow):
+        print(line)
+    iterations = {way: [c["n_iter"][0] for c in calls if c["way"] == way] for way in ("in process", "bridge")}
+    print("mean iterations: " + ", ".join(f"{way} {np.mean(n):.2f} ({len(n)} calls)" for way, n in iterations.items())
+          + f"; Mann-Whitney U p = {mannwhitneyu(*iterations.values()).pvalue:.3f}")
 
 
 def summarise(calls, slow):
