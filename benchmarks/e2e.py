@@ -336,7 +336,7 @@ def same_iterations(bridge, cuml, least=2):
     number most calls ran with at least ``least`` calls of each way; or None.
 
     cuML's LogisticRegression fit on the same 1M x 50 runs 13 to 20 L-BFGS iterations from call to call, in
-    process and through the bridge alike, and a call of 15 or more takes some 1.5-2x one of 13
+    process and through the bridge alike, and a call of 15 or more takes some 1.3-2.7x one of 13
     (results/gpu-h200-1128d/slow-calls*.txt): the medians of a few calls then say as much about which counts
     each way drew as about the bridge. Same iterations, same work."""
     if not bridge.get("n_iter") or not cuml.get("n_iter"):
@@ -496,13 +496,14 @@ def timed_together(runs, repeats, between="collect", legs_of=(), seconds=SMALL_S
                 start = time.perf_counter()
                 result = runs[name]()
                 times[name].append(time.perf_counter() - start)
-                if getattr(result, "n_iter_", None) is not None:
-                    iterations[name].append(int(np.max(result.n_iter_)))
                 if name in legs:
                     last = request_legs(connection.last_stamps, start_clock, time.monotonic())
                     legs[name].append([round(leg * 1e3, 3) for leg in last] if last is not None else None)
                     if faults_before is not None:
                         faults[name].append(minor_faults() - faults_before)
+                # last: a wrapper fetches n_iter_ from its worker, a request of its own
+                if getattr(result, "n_iter_", None) is not None:
+                    iterations[name].append(int(np.max(result.n_iter_)))
             rounds += 1
     finally:
         if collector_was_on:
