@@ -569,6 +569,12 @@ for n in range(int(lo), int(hi or lo) + 1)]; print(",".join(map(str, c[:4])))' "
         --in-process-device-memory async-cupy --out "$OUT/slow-calls-in-process-async.json"
       step 100 "$OUT/slow-calls-worker-cuda.txt" python3 benchmarks/slow_calls.py --calls 70 \
         --worker-device-memory cuda --out "$OUT/slow-calls-worker-cuda.json" ;;
+    slow-calls-split)  # next: cuML in process on a thread of its own, then the worker leaving X's copy to cuML (a
+      # threshold over any X), to see which, if either, gives the bridged calls their extra iterations
+      step 100 "$OUT/slow-calls-in-process-thread.txt" python3 benchmarks/slow_calls.py --calls 70 \
+        --in-process-thread --out "$OUT/slow-calls-in-process-thread.json"
+      step 100 "$OUT/slow-calls-worker-no-copy.txt" env SKLEARN_GPU_BRIDGE_DEVICE_COPY_MIN_BYTES=1000000000000 \
+        python3 benchmarks/slow_calls.py --calls 70 --out "$OUT/slow-calls-worker-no-copy.json" ;;
     grid-njobs)  # the README's n_jobs rows: the grid with the default worker, 3 repeats
       step 400 "$OUT/grid-njobs.txt" python3 benchmarks/e2e.py --parts grid --repeats 3 \
         --grid-ways "sklearn (n_jobs=-1)|bridge|bridge n_jobs=4|bridge n_jobs=-1|cuml" --out "$OUT/e2e-grid-njobs.json" ;;

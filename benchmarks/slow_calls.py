@@ -10,8 +10,9 @@ one call in three, a pause as long as scikit-learn's fit in e2e's table (``--pau
 what came just before (the other way, the same way, or the pause), the seconds, the solver's ``n_iter_``, the
 first coefficients, and for the bridge its legs; then, per way and per what came before, the median and the
 share of slow calls (over ``--slow`` times the way's fastest quartile). ``--worker-device-memory`` and
-``--in-process-device-memory`` give either side the other's device memory, to see whether that moves the
-iterations.
+``--in-process-device-memory`` give either side the other's device memory, and ``--in-process-thread`` runs
+cuML in process on a thread of its own as the worker does, to see whether that moves the iterations (a worker
+copies X to the device itself: ``SKLEARN_GPU_BRIDGE_DEVICE_COPY_MIN_BYTES`` set high leaves that to cuML).
 """
 
 import argparse
@@ -19,6 +20,7 @@ import gc
 import json
 import time
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -44,6 +46,8 @@ def main():
     parser.add_argument("--worker-device-memory", default=None, help="the worker's device_memory (default: its own)")
     parser.add_argument("--in-process-device-memory", default=None,
                         help="this process's device memory set as the worker sets its own (async-cupy, async)")
+    parser.add_argument("--in-process-thread", action="store_true",
+                        help="cuML in process on a thread of its own, as the worker runs it on an executor thread")
     parser.add_argument("--out")
     parser.add_argument("--pool", nargs="+", metavar="FILE", help="run nothing: the summary of these runs' calls "
                         "together, and whether the two ways' iterations differ (Mann-Whitney U)")
@@ -62,11 +66,17 @@ def main():
     local = cuml_class(case.cuml) if args.backend == "cuml" else case.sklearn
     makers = {"in process": lambda: local(**case.params),
               "bridge": lambda: getattr(sklearn_gpu_bridge, case.bridge)(**case.params)}
+    thread = ThreadPoolExecutor(1) if args.in_process_thread else None
+
+    def run(way, model):
+        if way == "in process" and thread is not None:
+            return thread.submit(case.run, model, X, y).result()
+        return case.run(model, X, y)
     rng = np.random.default_rng(0)
     calls, before = [], "start"
     try:
         for way in makers:  # warm-up
-            case.run(makers[way](), X, y)
+            run(way, makers[way]())
         for _ in range(args.calls):
             way = str(rng.choice(list(makers)))
             if rng.random() < 1 / 3:
@@ -76,7 +86,7 @@ def main():
             model = makers[way]()
             start_clock = time.monotonic()
             start = time.perf_counter()
-            case.run(model, X, y)
+            run(way, model)
             seconds = time.perf_counter() - start
             legs = request_legs(connection.last_stamps, start_clock, time.monotonic()) if way == "bridge" else None
             calls.append({"way": way, "before": before, "seconds": seconds, "n_iter": n_iter(model),
@@ -86,6 +96,8 @@ def main():
     finally:
         sklearn_gpu_bridge.reset_connection()
         worker.stop()
+        if thread is not None:
+            thread.shutdown()
     summary = summarise(calls, args.slow)
     Path(args.out).write_text(json.dumps({"case": case.name, "legs": LEGS, "calls": calls, "summary": summary},
                                          indent=1))
