@@ -53,6 +53,12 @@ in_turn() {  # in_turn NAME VARIABLE "VALUES" SECONDS E2E-ARGS...: e2e.py's case
   done
 }
 
+slow_calls() {  # slow_calls NAME SLOW_CALLS-ARGS...: one run of slow_calls.py, 70 calls, into slow-calls-NAME.{txt,json}
+  local name=$1
+  shift
+  step 100 "$OUT/slow-calls-$name.txt" python3 benchmarks/slow_calls.py --calls 70 "$@" --out "$OUT/slow-calls-$name.json"
+}
+
 for stage in "$@"; do
   case $stage in
     reliability)  # security over CURVE, faults (the GPU's own out-of-memory test too), the bad-input table
@@ -564,17 +570,13 @@ for n in range(int(lo), int(hi or lo) + 1)]; print(",".join(map(str, c[:4])))' "
       step 200 "$OUT/slow-calls.txt" python3 benchmarks/slow_calls.py --calls 120 --out "$OUT/slow-calls.json" ;;
     slow-calls-memory)  # the same: again as it was, then in process under the worker's device memory, then the
       # worker under cuML's default (cuda), to see whether that moves the iterations each side draws
-      step 100 "$OUT/slow-calls-again.txt" python3 benchmarks/slow_calls.py --calls 70 --out "$OUT/slow-calls-again.json"
-      step 100 "$OUT/slow-calls-in-process-async.txt" python3 benchmarks/slow_calls.py --calls 70 \
-        --in-process-device-memory async-cupy --out "$OUT/slow-calls-in-process-async.json"
-      step 100 "$OUT/slow-calls-worker-cuda.txt" python3 benchmarks/slow_calls.py --calls 70 \
-        --worker-device-memory cuda --out "$OUT/slow-calls-worker-cuda.json" ;;
+      slow_calls again
+      slow_calls in-process-async --in-process-device-memory async-cupy
+      slow_calls worker-cuda --worker-device-memory cuda ;;
     slow-calls-split)  # next: cuML in process on a thread of its own, then the worker leaving X's copy to cuML (a
       # threshold over any X), to see which, if either, gives the bridged calls their extra iterations
-      step 100 "$OUT/slow-calls-in-process-thread.txt" python3 benchmarks/slow_calls.py --calls 70 \
-        --in-process-thread --out "$OUT/slow-calls-in-process-thread.json"
-      step 100 "$OUT/slow-calls-worker-no-copy.txt" env SKLEARN_GPU_BRIDGE_DEVICE_COPY_MIN_BYTES=1000000000000 \
-        python3 benchmarks/slow_calls.py --calls 70 --out "$OUT/slow-calls-worker-no-copy.json" ;;
+      slow_calls in-process-thread --in-process-thread
+      slow_calls worker-no-copy --worker-device-copy-min-bytes 1000000000000 ;;
     grid-njobs)  # the README's n_jobs rows: the grid with the default worker, 3 repeats
       step 400 "$OUT/grid-njobs.txt" python3 benchmarks/e2e.py --parts grid --repeats 3 \
         --grid-ways "sklearn (n_jobs=-1)|bridge|bridge n_jobs=4|bridge n_jobs=-1|cuml" --out "$OUT/e2e-grid-njobs.json" ;;

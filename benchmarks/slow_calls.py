@@ -12,12 +12,13 @@ first coefficients, and for the bridge its legs; then, per way and per what came
 share of slow calls (over ``--slow`` times the way's fastest quartile). ``--worker-device-memory`` and
 ``--in-process-device-memory`` give either side the other's device memory, and ``--in-process-thread`` runs
 cuML in process on a thread of its own as the worker does, to see whether that moves the iterations (a worker
-copies X to the device itself: ``SKLEARN_GPU_BRIDGE_DEVICE_COPY_MIN_BYTES`` set high leaves that to cuML).
+copies X to the device itself: ``--worker-device-copy-min-bytes`` over any X leaves that to cuML).
 """
 
 import argparse
 import gc
 import json
+import os
 import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
@@ -26,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 import sklearn_gpu_bridge
-from sklearn_gpu_bridge.worker.backends import use_device_memory
+from sklearn_gpu_bridge.worker.backends import DEVICE_COPY_ENV, use_device_memory
 
 from e2e import CASES, LEGS, WorkerProcess, cuml_class, make_data, request_legs
 
@@ -44,6 +45,8 @@ def main():
     parser.add_argument("--pause", type=float, default=0.7, help="seconds, before one call in three")
     parser.add_argument("--slow", type=float, default=1.3)
     parser.add_argument("--worker-device-memory", default=None, help="the worker's device_memory (default: its own)")
+    parser.add_argument("--worker-device-copy-min-bytes", default=None,
+                        help="the worker's DEVICE_COPY_MIN_BYTES (its environment's DEVICE_COPY_ENV; default: its own)")
     parser.add_argument("--in-process-device-memory", default=None,
                         help="this process's device memory set as the worker sets its own (async-cupy, async)")
     parser.add_argument("--in-process-thread", action="store_true",
@@ -58,6 +61,8 @@ def main():
         parser.error("--out is required for a run")
     case = next(c for c in CASES if c.name == args.case)
     X, y = make_data(case)
+    if args.worker_device_copy_min_bytes is not None:  # the worker started below inherits this environment
+        os.environ[DEVICE_COPY_ENV] = str(int(args.worker_device_copy_min_bytes))
     worker = WorkerProcess(args.backend, device_memory=args.worker_device_memory)
     if args.in_process_device_memory:
         use_device_memory(args.in_process_device_memory)
