@@ -472,7 +472,8 @@ def timed_together(runs, repeats, between="collect", legs_of=(), seconds=SMALL_S
     rounds, and more until the slowest way has run ``seconds`` (at most ``most`` rounds); ``between``
     says what comes before each call (BETWEEN). For the ways named in ``legs_of`` (bridged ones), each call's
     last request is split into its LEGS too (``legs_ms``), read after the call's clock has stopped, and the
-    call's minor page faults in this process are counted (``client_minor_faults``)."""
+    call's minor page faults in this process are counted (``client_minor_faults``). A call that returns a fitted
+    estimator with ``n_iter_`` records its solver's iterations (``n_iter``; see same_iterations)."""
     connection = sklearn_gpu_bridge.get_connection() if legs_of else None
     legs = {name: [] for name in legs_of if name in runs}
     faults = {name: [] for name in legs}
