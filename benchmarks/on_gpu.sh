@@ -577,6 +577,18 @@ for n in range(int(lo), int(hi or lo) + 1)]; print(",".join(map(str, c[:4])))' "
       # threshold over any X), to see which, if either, gives the bridged calls their extra iterations
       slow_calls in-process-thread --in-process-thread
       slow_calls worker-no-copy --worker-device-copy-min-bytes 1000000000000 ;;
+    lr-sklearn-turns)  # twenty-fifth session: e2e's float32 LogisticRegression 1M row alone, 30 rounds, with
+      # scikit-learn's fit in the turn as the table has it and then without it: in the table the bridged calls drew
+      # about one iteration more than cuML's in process (14.4 / 13.4, 22 calls a way), in slow_calls.py (no
+      # scikit-learn) they did not
+      for sklearn_leg in with without; do
+        step 150 "$OUT/lr-sklearn-$sklearn_leg.txt" python3 benchmarks/e2e.py --parts cases --repeats 30 \
+          --only 'LogisticRegression fit 1M x 50$' $([ $sklearn_leg = without ] && echo --no-sklearn-large) \
+          --out "$OUT/e2e-lr-sklearn-$sklearn_leg.json"
+      done ;;
+    slow-calls-sklearn)  # the same question in slow_calls.py's random order: scikit-learn's fit before one call in
+      # three in place of the pause
+      slow_calls sklearn-between --calls 90 --between sklearn ;;
     grid-njobs)  # the README's n_jobs rows: the grid with the default worker, 3 repeats
       step 400 "$OUT/grid-njobs.txt" python3 benchmarks/e2e.py --parts grid --repeats 3 \
         --grid-ways "sklearn (n_jobs=-1)|bridge|bridge n_jobs=4|bridge n_jobs=-1|cuml" --out "$OUT/e2e-grid-njobs.json" ;;

@@ -6,7 +6,8 @@
 cuML's LogisticRegression fit on 1M x 50 float32 takes about 37 ms a call, but some calls take 55-80 ms, in
 process and through the bridge alike (``chance_over.py``). This times one case's calls, cuML in process and
 through a worker of its own (``--backend``), in an order drawn at random (seed 0), each call after a ``gc.collect()`` and,
-one call in three, a pause as long as scikit-learn's fit in e2e's table (``--pause``). For each call it writes
+one call in three, a pause as long as scikit-learn's fit in e2e's table (``--pause``), or that fit itself
+(``--between sklearn``). For each call it writes
 what came just before (the other way, the same way, or the pause), the seconds, the solver's ``n_iter_``, the
 first coefficients, and for the bridge its legs; then, per way and per what came before, the median and the
 share of slow calls (over ``--slow`` times the way's fastest quartile). ``--worker-device-memory`` and
@@ -43,6 +44,9 @@ def main():
     parser.add_argument("--case", default="LogisticRegression fit 1M x 50")
     parser.add_argument("--calls", type=int, default=90)
     parser.add_argument("--pause", type=float, default=0.7, help="seconds, before one call in three")
+    parser.add_argument("--between", choices=("pause", "sklearn"), default="pause",
+                        help="before one call in three: the pause, or scikit-learn's fit of the case on 16 cores "
+                             "(as e2e's table runs it in turn with the other two ways)")
     parser.add_argument("--slow", type=float, default=1.3)
     parser.add_argument("--worker-device-memory", default=None, help="the worker's device_memory (default: its own)")
     parser.add_argument("--worker-device-copy-min-bytes", default=None,
@@ -85,8 +89,11 @@ def main():
         for _ in range(args.calls):
             way = str(rng.choice(list(makers)))
             if rng.random() < 1 / 3:
-                time.sleep(args.pause)
-                before = "pause"
+                if args.between == "sklearn":
+                    case.run(case.sklearn(**case.params, **(case.sklearn_params or {})), X, y)
+                else:
+                    time.sleep(args.pause)
+                before = args.between
             gc.collect()
             model = makers[way]()
             start_clock = time.monotonic()
@@ -122,18 +129,20 @@ def print_pooled(paths, slow):
 
 
 def summarise(calls, slow):
-    """Lines: per way and what came before, the calls, the median ms, the share slow; the iterations seen."""
+    """Lines: per way and what came before, the calls, the median ms, the share slow, the mean iterations; the
+    iterations seen."""
     lines = []
     for way in ("in process", "bridge"):
         mine = [c for c in calls if c["way"] == way]
         fast = np.quantile([c["seconds"] for c in mine], 0.25)
         groups = defaultdict(list)
         for c in mine:
-            groups[c["before"]].append(c["seconds"])
-        for before, seconds in sorted(groups.items()):
-            seconds = np.array(seconds)
+            groups[c["before"]].append(c)
+        for before, group in sorted(groups.items()):
+            seconds = np.array([c["seconds"] for c in group])
             lines.append(f"{way:10} after {before:10}: {len(seconds):3} calls, median {np.median(seconds) * 1e3:6.1f} ms, "
-                         f"{np.mean(seconds > slow * fast):4.0%} slow")
+                         f"{np.mean(seconds > slow * fast):4.0%} slow, "
+                         f"{np.mean([c['n_iter'][0] for c in group]):5.2f} iterations on average")
         by_iter = defaultdict(list)
         for c in mine:
             by_iter[str(c["n_iter"])].append(c["seconds"] * 1e3)
