@@ -59,6 +59,7 @@ class Case:
     sklearn_params: dict = None  # extra for scikit-learn only (n_jobs, cuML's defaults)
     large: bool = False
     dtype: str = "float32"  # of X as the user has it (float64: the bridge casts it on its way, cuML does not)
+    rounds: int = 0  # a large case: at least this many rounds (see LARGE_SECONDS)
 
     @property
     def megabytes(self):
@@ -89,6 +90,11 @@ def _fit_predict_10k(est, X, y):
     return est.fit(X, y).predict(X[:10_000])
 
 
+# the rounds at least of a large case whose solver draws its iterations anew each call (cuML's L-BFGS on 1M x 50
+# float32: 13-24, 30-118 ms a call): the same code's median of 11 came out at 1.28x, 0.91x and 1.12x of cuML's in
+# three tables (2026-11-28 and 29; MAX_LARGE_ROUNDS). A multiple of six: ORDERS' balanced design.
+LARGE_VARYING_ROUNDS = 30
+
 CASES = [
     # the seed project's own table
     Case("StandardScaler fit_transform 5000x20", (5000, 20), preprocessing.StandardScaler,
@@ -116,7 +122,7 @@ CASES = [
          "GPUPCA", {"n_components": 10}, _fit_transform, large=True),
     Case("LogisticRegression fit 1M x 50", (1_000_000, 50), linear_model.LogisticRegression,
          "cuml.linear_model.LogisticRegression", "GPULogisticRegression", {}, _fit, classes=2, large=True,
-         sklearn_params={"max_iter": 1000}),
+         sklearn_params={"max_iter": 1000}, rounds=LARGE_VARYING_ROUNDS),
     Case("RandomForestClassifier(100, depth 16) fit 200k x 20", (200_000, 20), ensemble.RandomForestClassifier,
          "cuml.ensemble.RandomForestClassifier", "GPURandomForestClassifier",
          {"n_estimators": 100, "max_depth": 16, "random_state": 0}, _fit, classes=2, large=True,
@@ -275,19 +281,19 @@ def parse_variants(text):
     return variants
 
 
-def run_cases(cases, repeats, use_cuml, skip_large_sklearn, variants=None, between=("collect",)):
+def run_cases(cases, repeats, use_cuml, skip_large_sklearn, variants=None, between=("collect",), order="balanced"):
     """Each case its ways; ``variants`` ({way: settings}, small cases): the bridge again under other client
     settings (``reply_wait=sleep`` ...), in turn with the others. A small case is timed once for each of
-    ``between`` (BETWEEN), a row each; a large one once, after ``gc.collect()``s."""
+    ``between`` (BETWEEN), a row each; a large one once, after ``gc.collect()``s. ``order``: ORDERS."""
     rows = []
     for case in cases:
         X, y = make_data(case)
         for way_between in between if not case.large else ("collect",):
-            rows.append(_run_case(case, X, y, repeats, use_cuml, skip_large_sklearn, variants, way_between))
+            rows.append(_run_case(case, X, y, repeats, use_cuml, skip_large_sklearn, variants, way_between, order))
     return rows
 
 
-def _run_case(case, X, y, repeats, use_cuml, skip_large_sklearn, variants, between):
+def _run_case(case, X, y, repeats, use_cuml, skip_large_sklearn, variants, between, order):
     """One case's row: its ways timed in turn, each call after what ``between`` says (BETWEEN)."""
     row = {"case": case.name, "shape": list(case.shape), "megabytes": round(case.megabytes, 1), "large": case.large,
            "between": between}
@@ -308,10 +314,10 @@ def _run_case(case, X, y, repeats, use_cuml, skip_large_sklearn, variants, betwe
     for way, settings in (variants or {}).items() if wrapper is not None and not case.large else ():
         runs[way] = lambda w=wrapper, c=case, s=settings: _with_settings(s, lambda: c.run(w(**c.params), X, y))
     if case.large:
-        timed = timed_together(runs, repeats, between, legs_of=("bridge",), seconds=LARGE_SECONDS,
-                               most=MAX_LARGE_ROUNDS)
+        timed = timed_together(runs, max(repeats, case.rounds), between, legs_of=("bridge",), seconds=LARGE_SECONDS,
+                               most=MAX_LARGE_ROUNDS, order=order)
     else:
-        timed = timed_together(runs, max(repeats, MIN_SMALL_ROUNDS), between)
+        timed = timed_together(runs, max(repeats, MIN_SMALL_ROUNDS), between, order=order)
     row.update(timed)
     for way in variants or ():
         if way in row and "cuml" in row:
@@ -465,15 +471,36 @@ def minor_faults():
     return faults[0] if faults is not None else None
 
 
-def timed_together(runs, repeats, between="collect", legs_of=(), seconds=SMALL_SECONDS, most=MAX_REPEATS):
-    """``timed`` for several ways of one case, run in turn (a, b, c, b, c, a, ...) rather than one after
+ORDERS = {
+    # each round the ways one place on: a, b, c; b, c, a; c, a, b (every table until 2026-11-29). With scikit-learn
+    # first, cuML in process comes straight after scikit-learn's fit in two rounds of three and the bridge in one
+    "rotate": "each round the ways rotated by one",
+    # those rounds, then the rotations of the ways' other order (a, c, b; c, b, a; b, a, c): over six rounds of
+    # three ways each way comes straight after each other way three times (a Williams design), for a call that what
+    # ran just before it may move
+    "balanced": "the rotations, then the rotations of the ways' other order",
+}
+
+
+def round_order(names, index, order="balanced"):
+    """The ways of round ``index`` in the order ``order`` (ORDERS) runs them."""
+    shift = index % len(names)
+    if order == "balanced" and (index // len(names)) % 2:
+        names = names[:1] + names[:0:-1]
+    return names[shift:] + names[:shift]
+
+
+def timed_together(runs, repeats, between="collect", legs_of=(), seconds=SMALL_SECONDS, most=MAX_REPEATS,
+                   order="balanced"):
+    """``timed`` for several ways of one case, run in turn (``order``: ORDERS) rather than one after
     another: a machine whose speed drifts over seconds (a GPU VM's clocks, the other processes) then moves
     every way alike, and the ratios between them hold. Each way runs as often as the others: ``repeats``
     rounds, and more until the slowest way has run ``seconds`` (at most ``most`` rounds); ``between``
     says what comes before each call (BETWEEN). For the ways named in ``legs_of`` (bridged ones), each call's
     last request is split into its LEGS too (``legs_ms``), read after the call's clock has stopped, and the
     call's minor page faults in this process are counted (``client_minor_faults``). A call that returns a fitted
-    estimator with ``n_iter_`` records its solver's iterations (``n_iter``; see same_iterations)."""
+    estimator with ``n_iter_`` records its solver's iterations (``n_iter``; see same_iterations). Each way
+    records which way ran just before each of its calls (``after``; "warm-up" for the first)."""
     connection = sklearn_gpu_bridge.get_connection() if legs_of else None
     legs = {name: [] for name in legs_of if name in runs}
     faults = {name: [] for name in legs}
@@ -483,6 +510,8 @@ def timed_together(runs, repeats, between="collect", legs_of=(), seconds=SMALL_S
     pause = collection_seconds() if between in ("pause", "spin") else 0.0
     times = {name: [] for name in names}
     iterations = {name: [] for name in names}  # the solver's, where the call returns a fitted estimator with n_iter_
+    after = {name: [] for name in names}
+    previous = "warm-up"
     rounds = 0
     collector_was_on = gc.isenabled()
     if between == "timeit":
@@ -490,7 +519,9 @@ def timed_together(runs, repeats, between="collect", legs_of=(), seconds=SMALL_S
         gc.disable()
     try:
         while rounds < repeats or (max(sum(t) for t in times.values()) < seconds and rounds < most):
-            for name in names[rounds % len(names):] + names[: rounds % len(names)]:
+            for name in round_order(names, rounds, order):
+                after[name].append(previous)
+                previous = name
                 before_call(between, pause)
                 faults_before = minor_faults() if name in legs else None
                 start_clock = time.monotonic()
@@ -510,7 +541,7 @@ def timed_together(runs, repeats, between="collect", legs_of=(), seconds=SMALL_S
         if collector_was_on:
             gc.enable()
     return {name: {"median": float(np.median(t)), "min": float(min(t)), "n": len(t), "times": t, "interleaved": True,
-                   "between": between, **({"pause_s": pause} if pause else {}),
+                   "between": between, "order": order, "after": after[name], **({"pause_s": pause} if pause else {}),
                    **({"legs": LEGS, "legs_ms": legs[name]} if name in legs else {}),
                    **({"client_minor_faults": faults[name]} if faults.get(name) else {}),
                    **({"n_iter": iterations[name]} if iterations[name] else {})}
@@ -744,6 +775,9 @@ def main():
     parser.add_argument("--between", default="collect",
                         help="small cases: what comes before each timed call, a row for each of these "
                              f"(a,b): {', '.join(f'{k} ({v})' for k, v in BETWEEN.items())}")
+    parser.add_argument("--order", choices=list(ORDERS), default="balanced",
+                        help="the ways' order from round to round: "
+                        + "; ".join(f"{k}: {v}" for k, v in ORDERS.items()))
     parser.add_argument("--cycles", type=int, default=1000)
     parser.add_argument("--threads", type=int, default=None, help="the worker's threads (default: its default)")
     parser.add_argument("--out", default=None)
@@ -780,7 +814,7 @@ def main():
             report["cases"] = run_cases(cases, args.repeats, use_cuml,
                                         skip_large_sklearn=args.quick or args.no_sklearn_large,
                                         variants=parse_variants(args.bridge_variants),
-                                        between=_betweens(args.between))
+                                        between=_betweens(args.between), order=args.order)
         if "grid" in parts:
             ways = args.grid_ways.split("|") if args.grid_ways else None
             report["grid_search"] = run_grid_search(args.repeats, use_cuml, n=2000 if args.quick else 20_000,

@@ -140,8 +140,8 @@ def summarise(calls, slow):
             groups[c["before"]].append(c)
         for before, group in sorted(groups.items()):
             seconds = np.array([c["seconds"] for c in group])
-            lines.append(f"{way:10} after {before:10}: {len(seconds):3} calls, median {np.median(seconds) * 1e3:6.1f} ms, "
-                         f"{np.mean(seconds > slow * fast):4.0%} slow, "
+            lines.append(f"{way:10} after {before:10}: {len(seconds):3} calls, "
+                         f"median {np.median(seconds) * 1e3:6.1f} ms, {np.mean(seconds > slow * fast):4.0%} slow, "
                          f"{np.mean([c['n_iter'][0] for c in group]):5.2f} iterations on average")
         by_iter = defaultdict(list)
         for c in mine:
