@@ -8,7 +8,10 @@ For labels 0/1 of n samples (int32, as the bridge's client sends them), medians 
 
 - ``device``: cuML's own ``check_y(y, return_classes=True)``: ``cupy.unique`` on the device;
 - ``host``: the worker's ``HostLabels`` answering the same, at every n (its bound on n, ``HOST_MAX_SAMPLES``,
-  lifted here): where it stops paying is where that bound belongs.
+  lifted here): where it stops paying is where that bound belongs (since 2026-11-29 it holds for more than two
+  classes only, which these are not);
+- ``client``: the client's own encoding of the same labels (``_classes_and_codes``), and ``count``: the
+  ``np.bincount`` that both the client and the host made of two classes until 2026-11-29, and make no more.
 """
 
 import argparse
@@ -18,6 +21,7 @@ import time
 import numpy as np
 
 from client_checks import report
+from sklearn_gpu_bridge.estimators.base import _classes_and_codes
 from sklearn_gpu_bridge.worker import labels
 
 SIZES = (5000, 1 << 15, 1 << 17, 1 << 20)
@@ -52,6 +56,7 @@ def main():
         y = (np.random.default_rng(0).standard_normal(n) > 0).astype(np.int32)
         ways = {way: lambda y=y, check=check: check(y, return_classes=True) for way, check in
                 (("device", device), ("host", host))}
+        ways.update(client=lambda y=y: _classes_and_codes(y), count=lambda y=y: np.bincount(y, minlength=2))
         taken = host.taken
         assert labels.same_answer(ways["host"](), ways["device"]()) and host.taken == taken + 1, \
             "the host did not answer as cuML does"

@@ -256,7 +256,9 @@ def test_large_arrays_use_the_pool():
     np.array([3, 1, 3, 7]), np.array([-128, 127, 0], np.int8), np.array([True, False, True]),
     np.array([2, 10**6, 5]), np.array([5]), np.arange(3000) * 7, np.array([0, 2**63 - 1]),
     np.array([2, 1], np.uint64), np.array(["b", "a", "b"]), np.array([0.0, 2.0, 1.0]),
-], ids=lambda y: f"{y.dtype}-{y.size}")
+    np.array([0, 1, 1, 0], np.int32), np.array([4, 3, 3]), np.zeros(3, np.uint8), np.array([1, 0, 1], np.uint32),
+    np.array([-1, 0, 0], np.int16), np.array([False, False]),
+], ids=lambda y: f"{y.dtype}-{y.size}-{y.flat[0]}")
 def test_label_codes_are_numpy_unique_after_the_target_check(y):
     """The counting path for narrow integer labels gives exactly np.unique's classes and codes (as int32,
     the codes' travelling dtype)."""

@@ -31,6 +31,10 @@ LABELS = [
     ("negative", np.array([-1, 0, 1, 0], np.int32), False),
     ("a label past the samples", np.array([0, 1, 1000], np.int64), False),
     ("one sample more than answered here", np.arange(HOST_MAX_SAMPLES + 1) % 7, False),
+    ("two classes, more samples than that", (np.arange(HOST_MAX_SAMPLES + 1) % 2).astype(np.int32), True),
+    ("one class, more samples than that", np.zeros(HOST_MAX_SAMPLES + 1, np.uint8), True),
+    ("two classes from one, more samples than that", np.arange(HOST_MAX_SAMPLES + 1) % 2 + 1, False),
+    ("three classes, more samples than that", (np.arange(HOST_MAX_SAMPLES + 1) % 3).astype(np.int32), False),
     ("int8", rng.integers(0, 4, 400).astype(np.int8), True),
     ("uint32", rng.integers(0, 2, 400).astype(np.uint32), True),
     ("every other of codes", np.arange(600) % 3, True),  # made a view of every other one below
@@ -50,7 +54,8 @@ LABELS = [(what, y[::2] if what.startswith("every other") else y, own) for what,
 def test_labels_that_are_their_own_codes_are_told_from_all_others(what, y, own):
     """Where ``own_codes`` says k, ``np.unique(y, return_inverse=True)`` is ``(arange(k), y)``: what the host
     answers. Where it says None, the labels go to cuML; those that are their own codes are not answered only where
-    the host would not be the faster (past HOST_MAX_SAMPLES) or cannot count them (uint64)."""
+    the host would not be the faster (past HOST_MAX_SAMPLES, of more than two classes) or cannot count them
+    (uint64)."""
     k = own_codes(y)
     assert (k is not None) == own
     if own:

@@ -8,9 +8,10 @@ the H100 machine, 0.8-1.1 ms back to back (``results/gpu-h100-1128b/host-labels*
 labels the bridge's client has encoded already (``_classes_and_codes``): the worker gets the codes
 0..k-1, every one of them present. For such a y the answer is known without the device: the classes
 are 0..k-1 and the codes are y itself. The worker checks that of y on the host (:func:`own_codes`: a
-minimum, a maximum and a count, no sort) and only then answers for cuML; any other y, and one of
-more than :data:`HOST_MAX_SAMPLES`, goes to cuML's own encoding. The classes, the codes and their
-dtypes are what cuML's own would be, so the model fitted is the same.
+minimum, a maximum and, for more than two classes, a count; no sort) and only then answers for cuML;
+any other y, and one of more than two classes and more than :data:`HOST_MAX_SAMPLES` labels, goes to
+cuML's own encoding. The classes, the codes and their dtypes are what cuML's own would be, so the
+model fitted is the same.
 
 Only the worker's own process is changed (a user's process that runs cuML keeps it as it is), and
 only where cuML's ``check_y`` takes the parameters this answers for, with the defaults it assumes,
@@ -29,9 +30,11 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 LABELS_ON_HOST_ENV = "SKLEARN_GPU_BRIDGE_LABELS_ON_HOST"
-#: labels of more samples are left to the device: the host's passes over them grow with them, the device's sort
-#: hardly does. On the H100 machine, after a gc.collect() / back to back: 131072 labels 1.4 / 0.6 ms on the host
-#: against 2.5 / 2.2 on the device, 1M labels 7.2 / 5.7 against 4.1 / 3.7 (results/gpu-h100-1128b/host-labels-50.txt)
+#: labels of more samples and more than two classes are left to the device: the host's count of them grows with
+#: them, the device's sort hardly does. On the H100 machine, after a gc.collect() / back to back: 131072 labels 1.4
+#: / 0.6 ms on the host against 2.5 / 2.2 on the device, 1M labels 7.2 / 5.7 against 4.1 / 3.7
+#: (results/gpu-h100-1128b/host-labels-50.txt; with a count, and the codes cast on the host). Two classes need no
+#: count (the least and the greatest label are there), so any number of them is answered here.
 HOST_MAX_SAMPLES = 1 << 17
 #: the parameters of cuML's check_y that the host's answer depends on, with the defaults it assumes
 ASSUMED = {"dtype": None, "mem_type": "device", "order": "A", "return_classes": False, "return_index": False}
@@ -47,15 +50,18 @@ PROBES = [(np.array([0, 1, 1, 0], np.int32), {"return_classes": True}),
 def own_codes(y):
     """k where ``y`` is a 1-D numpy array of integers holding each of 0..k-1 at least once and nothing else
     (then ``np.unique(y, return_inverse=True)`` is ``(arange(k), y)``); None for anything else, and for more than
-    :data:`HOST_MAX_SAMPLES` labels."""
-    if (type(y) is not np.ndarray or y.ndim != 1 or not 0 < y.size <= HOST_MAX_SAMPLES or y.dtype.kind not in "iu"
+    :data:`HOST_MAX_SAMPLES` labels of more than two classes."""
+    if (type(y) is not np.ndarray or y.ndim != 1 or not y.size or y.dtype.kind not in "iu"
             or not y.dtype.isnative  # CuPy's copy of it would be native: so are cuML's classes
             or (y.dtype.kind == "u" and y.dtype.itemsize == 8)):  # bincount takes no uint64
         return None
     if y.min() != 0:
         return None
     top = int(y.max())
-    if top >= y.size or not np.bincount(y, minlength=top + 1).all():  # more classes than samples: one is absent
+    if top < 2:  # 0 and top are there: no count needed
+        return top + 1
+    if (y.size > HOST_MAX_SAMPLES or top >= y.size  # more classes than samples: one is absent
+            or not np.bincount(y, minlength=top + 1).all()):
         return None
     return top + 1
 
@@ -75,9 +81,7 @@ class HostLabels:
         if n_classes is None:
             return self.original(y, dtype=dtype, mem_type=mem_type, order=order, return_classes=return_classes,
                                  return_index=return_index, **kwargs)
-        import cupy
-
-        codes = cupy.asarray(y.astype(CODES_DTYPE, copy=False))  # cast here: 1 MiB at most
+        codes = _to_device(y).astype(CODES_DTYPE, copy=False)
         if dtype is not None:  # as check_y casts its codes
             wanted = [np.dtype(d) for d in (dtype if isinstance(dtype, (list, tuple)) else [dtype])]
             if codes.dtype not in wanted:
@@ -85,6 +89,18 @@ class HostLabels:
         with self._lock:
             self.taken += 1
         return codes, np.arange(n_classes, dtype=y.dtype)
+
+
+def _to_device(y):
+    """``y`` on the device in one copy (a DMA where it lies in a page-locked pool segment), to be cast there: the
+    codes cuML wants are intp, twice the bytes of the int32 the client sends."""
+    import cupy
+
+    if not y.flags.c_contiguous:
+        return cupy.asarray(y)
+    device = cupy.empty(y.shape, y.dtype)
+    device.data.copy_from_host(y.ctypes.data, y.nbytes)  # synchronous: the block may be reused after this
+    return device
 
 
 def same_answer(mine, theirs):
