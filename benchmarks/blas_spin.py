@@ -13,7 +13,7 @@ from them:
 - "client": a bridged predict, that many ms after a BLAS call in this process (a 300x300 product), against
   one after none (the worker limited to one thread);
 - ``--e2e FILES``: in ``e2e.py``'s interleaved small cases, the bridge's and cuML's medians after the
-  scikit-learn way's call against after the others' (a round's ways run in turn, rotated each round).
+  scikit-learn way's call against after the others' (what came before each call, as e2e.py records it).
 
 Medians in ms (the ring: µs).
 """
@@ -105,18 +105,21 @@ def after_blas_here(runs, reply_wait):
 def after_sklearn(path):
     """{case (between): medians after the scikit-learn way's call and after another's} of an e2e.py JSON.
 
-    A round runs ``names[r % 3:] + names[:r % 3]`` of (sklearn, cuml, bridge): the bridge follows
-    scikit-learn in rounds r % 3 == 2, cuML in rounds r % 3 in (0, 2)."""
+    Each way's calls say which way came before them (``after``) since 2026-11-29. Before, a round ran
+    ``names[r % 3:] + names[:r % 3]`` of (sklearn, cuml, bridge): the bridge followed scikit-learn in rounds
+    r % 3 == 2, cuML in rounds r % 3 in (0, 2)."""
     rows = {}
     for case in json.loads(Path(path).read_text()).get("cases", []):
         ways = [way for way, value in case.items() if isinstance(value, dict) and "times" in value]
         if ways != ["sklearn", "cuml", "bridge"] or not case["bridge"].get("interleaved"):
             continue
         row = {}
-        for way, after in (("bridge", (2,)), ("cuml", (0, 2))):
+        for way, rotated_after in (("bridge", (2,)), ("cuml", (0, 2))):
             times = case[way]["times"]
-            row[way] = {"after sklearn": statistics.median(t for i, t in enumerate(times) if i % 3 in after) * 1e3,
-                        "after another": statistics.median(t for i, t in enumerate(times) if i % 3 not in after) * 1e3}
+            after = case[way].get("after") or ["sklearn" if i % 3 in rotated_after else "another"
+                                               for i in range(len(times))]
+            row[way] = {"after sklearn": statistics.median(t for t, a in zip(times, after) if a == "sklearn") * 1e3,
+                        "after another": statistics.median(t for t, a in zip(times, after) if a != "sklearn") * 1e3}
         rows[f"{case['case']} ({case['between']})"] = row
     return rows
 
