@@ -25,7 +25,7 @@ from sklearn_gpu_bridge.errors import NotOnWorker, ProtocolError
 from sklearn_gpu_bridge.translate import to_sklearn
 
 from . import forms, labels
-from .pinning import HostPinning
+from .pinning import HostPinning, to_device
 
 log = logging.getLogger(__name__)
 
@@ -356,11 +356,7 @@ class CumlBackend(Backend):
         if (type(X) is not np.ndarray or X.ndim != 2 or X.dtype not in DEVICE_COPY_DTYPES
                 or X.nbytes < self.device_copy_min_bytes or not (X.flags.c_contiguous or X.flags.f_contiguous)):
             return args
-        import cupy
-
-        device = cupy.empty(X.shape, X.dtype, order="C" if X.flags.c_contiguous else "F")
-        device.data.copy_from_host(X.ctypes.data, X.nbytes)  # synchronous: the block may be reused after this
-        return [device, *args[1:]]
+        return [to_device(X), *args[1:]]
 
     def settle(self):
         # The whole device, not this thread's stream: cuML may copy on a stream of its own.

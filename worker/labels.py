@@ -27,6 +27,8 @@ import threading
 
 import numpy as np
 
+from .pinning import to_device
+
 log = logging.getLogger(__name__)
 
 LABELS_ON_HOST_ENV = "SKLEARN_GPU_BRIDGE_LABELS_ON_HOST"
@@ -81,7 +83,8 @@ class HostLabels:
         if n_classes is None:
             return self.original(y, dtype=dtype, mem_type=mem_type, order=order, return_classes=return_classes,
                                  return_index=return_index, **kwargs)
-        codes = _to_device(y).astype(CODES_DTYPE, copy=False)
+        # the codes as sent (int32 from the client) go over, and are cast to cuML's intp on the device
+        codes = to_device(np.ascontiguousarray(y)).astype(CODES_DTYPE, copy=False)
         if dtype is not None:  # as check_y casts its codes
             wanted = [np.dtype(d) for d in (dtype if isinstance(dtype, (list, tuple)) else [dtype])]
             if codes.dtype not in wanted:
@@ -89,18 +92,6 @@ class HostLabels:
         with self._lock:
             self.taken += 1
         return codes, np.arange(n_classes, dtype=y.dtype)
-
-
-def _to_device(y):
-    """``y`` on the device in one copy (a DMA where it lies in a page-locked pool segment), to be cast there: the
-    codes cuML wants are intp, twice the bytes of the int32 the client sends."""
-    import cupy
-
-    if not y.flags.c_contiguous:
-        return cupy.asarray(y)
-    device = cupy.empty(y.shape, y.dtype)
-    device.data.copy_from_host(y.ctypes.data, y.nbytes)  # synchronous: the block may be reused after this
-    return device
 
 
 def same_answer(mine, theirs):

@@ -37,6 +37,16 @@ BUDGET_SHARE = 1 / 8
 CGROUP_LIMIT = "/sys/fs/cgroup/memory.max"  # cgroup v2: "max" or bytes
 
 
+def to_device(array):
+    """A C- or F-contiguous host array copied to the device in one copy, a DMA where it lies in a registered
+    segment. The copy is synchronous: the block it came from may be reused once this returns."""
+    import cupy
+
+    device = cupy.empty(array.shape, array.dtype, order="C" if array.flags.c_contiguous else "F")
+    device.data.copy_from_host(array.ctypes.data, array.nbytes)
+    return device
+
+
 def host_memory_bytes():
     """The host's memory, or less where this process's cgroup is limited to less."""
     try:
