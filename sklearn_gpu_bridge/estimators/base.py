@@ -516,7 +516,7 @@ def _classes_and_codes(y):
             else:
                 present = np.bincount(offsets, minlength=high - low + 1) > 0
             classes = (np.flatnonzero(present) + low).astype(y.dtype)
-            if low == 0 and present.all():  # labels 0..k-1 already: they are their own codes
+            if present.all():  # every label from the least to the greatest: the offsets are the codes
                 return classes, _codes(offsets)
             return classes, _codes((np.cumsum(present) - 1)[offsets])
     check_classification_targets(y)
