@@ -61,6 +61,10 @@ class Case:
     dtype: str = "float32"  # of X as the user has it (float64: the bridge casts it on its way, cuML does not)
     rounds: int = 0  # a large case: at least this many rounds (see LARGE_SECONDS)
 
+    def sklearn_estimator(self):
+        """scikit-learn's estimator of this case, with its extra parameters."""
+        return self.sklearn(**self.params, **(self.sklearn_params or {}))
+
     @property
     def megabytes(self):
         return self.shape[0] * self.shape[1] * np.dtype(self.dtype).itemsize / 1e6
@@ -299,7 +303,7 @@ def _run_case(case, X, y, repeats, use_cuml, skip_large_sklearn, variants, betwe
            "between": between}
     ways = {}
     if not (case.large and skip_large_sklearn):
-        ways["sklearn"] = lambda c=case: c.sklearn(**c.params, **(c.sklearn_params or {}))
+        ways["sklearn"] = case.sklearn_estimator
     if use_cuml:
         ways["cuml"] = lambda c=case: cuml_class(c.cuml)(**c.params)
     wrapper = getattr(sklearn_gpu_bridge, case.bridge, None)

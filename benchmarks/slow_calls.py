@@ -90,7 +90,7 @@ def main():
             way = str(rng.choice(list(makers)))
             if rng.random() < 1 / 3:
                 if args.between == "sklearn":
-                    case.run(case.sklearn(**case.params, **(case.sklearn_params or {})), X, y)
+                    case.run(case.sklearn_estimator(), X, y)
                 else:
                     time.sleep(args.pause)
                 before = args.between
