@@ -102,35 +102,46 @@ def after_blas_here(runs, reply_wait):
         worker.stop()
 
 
-def after_sklearn(path):
-    """{case (between): medians after the scikit-learn way's call and after another's} of an e2e.py JSON.
+def after_sklearn(paths):
+    """{case (between): per GPU way, the median ms after the scikit-learn way's call and after another's, and
+    where the calls record them the mean solver iterations and the calls so split} of e2e.py JSON files, each
+    case's calls of all the files together.
 
     Each way's calls say which way came before them (``after``) since 2026-11-29. Before, a round ran
     ``names[r % 3:] + names[:r % 3]`` of (sklearn, cuml, bridge): the bridge followed scikit-learn in rounds
     r % 3 == 2, cuML in rounds r % 3 in (0, 2)."""
+    calls = {}  # (case, way) -> [(after scikit-learn?, seconds, iterations or None)]
+    for path in paths:
+        for case in json.loads(Path(path).read_text()).get("cases", []):
+            ways = [way for way, value in case.items() if isinstance(value, dict) and "times" in value]
+            if ways != ["sklearn", "cuml", "bridge"] or not case["bridge"].get("interleaved"):
+                continue
+            for way, rotated_after in (("bridge", (2,)), ("cuml", (0, 2))):
+                times = case[way]["times"]
+                after = case[way].get("after") or ["sklearn" if i % 3 in rotated_after else "another"
+                                                   for i in range(len(times))]
+                iterations = case[way].get("n_iter") or [None] * len(times)
+                calls.setdefault((f"{case['case']} ({case['between']})", way), []).extend(
+                    (a == "sklearn", t, n) for a, t, n in zip(after, times, iterations))
     rows = {}
-    for case in json.loads(Path(path).read_text()).get("cases", []):
-        ways = [way for way, value in case.items() if isinstance(value, dict) and "times" in value]
-        if ways != ["sklearn", "cuml", "bridge"] or not case["bridge"].get("interleaved"):
-            continue
-        row = {}
-        for way, rotated_after in (("bridge", (2,)), ("cuml", (0, 2))):
-            times = case[way]["times"]
-            after = case[way].get("after") or ["sklearn" if i % 3 in rotated_after else "another"
-                                               for i in range(len(times))]
-            row[way] = {"after sklearn": statistics.median(t for t, a in zip(times, after) if a == "sklearn") * 1e3,
-                        "after another": statistics.median(t for t, a in zip(times, after) if a != "sklearn") * 1e3}
-        rows[f"{case['case']} ({case['between']})"] = row
+    for (name, way), mine in calls.items():
+        row = rows.setdefault(name, {})[way] = {}
+        for label, flag in (("after sklearn", True), ("after another", False)):
+            group = [(t, n) for after, t, n in mine if after == flag]
+            row[label] = statistics.median(t for t, _ in group) * 1e3
+            if all(n is not None for _, n in group):
+                row[f"iterations {label} (calls)"] = [statistics.mean(n for _, n in group), len(group)]
     return rows
 
 
 def main():
     parser = bridge_parser(__doc__, backend=False, reply_wait="spin")
     parser.add_argument("--runs", type=int, default=100)
-    parser.add_argument("--e2e", nargs="+", help="e2e.py JSON files to split by the way before (no calls run)")
+    parser.add_argument("--e2e", nargs="+", help="e2e.py JSON files to split by the way before, their calls "
+                        "together (no calls run)")
     args = parser.parse_args()
     if args.e2e:
-        report({"after the scikit-learn way, ms": {path: after_sklearn(path) for path in args.e2e}}, args.out)
+        report({"after the scikit-learn way (ms; iterations)": after_sklearn(args.e2e), "files": args.e2e}, args.out)
         return
     report({"runs": args.runs, "cpus": os.cpu_count(), "reply_wait": args.reply_wait,
             "worker's BLAS threads: default / 1": {"default": worker_threads(args.runs, None, args.reply_wait),

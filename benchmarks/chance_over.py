@@ -7,7 +7,8 @@ call in several is much slower than the rest, in both ways, that median depends 
 happened to draw. This pools every call of the case from the given e2e JSON files, one pool per way. It prints
 the share of each way's calls that are slow (over 1.3x its pool's median), and how often a median of N
 resampled calls of the bridge is over ``--ratio`` times a median of N resampled calls of cuML (100,000 draws,
-seed 0).
+seed 0). Where the calls record the solver's iterations (``n_iter``), it prints each way's mean, whether the two
+differ (Mann-Whitney U), and the bridge over cuML among the calls of each count both drew at least 5 times.
 """
 
 import argparse
@@ -17,23 +18,39 @@ import json
 import numpy as np
 
 
-def pooled_times(case, paths):
-    """Every call's seconds of ``case``, per way (bridge, cuml), from e2e JSON files and slow_calls.py's; and how
-    many rows (a slow_calls.py file is one)."""
-    bridge, cuml, rows = [], [], 0
+def pooled_calls(case, paths):
+    """Every call of ``case``, per way (bridge, cuml), as two arrays: its seconds, and the solver's iterations (NaN
+    where the call did not record them), from e2e JSON files and slow_calls.py's; and how many rows (a
+    slow_calls.py file is one)."""
+    pooled = {"bridge": [], "cuml": []}  # (seconds, iterations)
+    rows = 0
     for path in paths:
         with open(path) as f:
             report = json.load(f)
         if isinstance(report, dict) and report.get("case") == case and "calls" in report:  # slow_calls.py
-            bridge += [c["seconds"] for c in report["calls"] if c["way"] == "bridge"]
-            cuml += [c["seconds"] for c in report["calls"] if c["way"] == "in process"]
+            for call in report["calls"]:
+                pooled["bridge" if call["way"] == "bridge" else "cuml"].append(
+                    (call["seconds"], call["n_iter"][0] if call.get("n_iter") else np.nan))
             rows += 1
         for row in report.get("cases", []) if isinstance(report, dict) else []:
             if row.get("case") == case and "bridge" in row and "cuml" in row:
-                bridge += row["bridge"]["times"]
-                cuml += row["cuml"]["times"]
+                for way, calls in pooled.items():
+                    times = row[way]["times"]
+                    calls += zip(times, row[way].get("n_iter") or [np.nan] * len(times))
                 rows += 1
-    return np.array(bridge), np.array(cuml), rows
+    return {way: np.array(calls, dtype=float).reshape(-1, 2).T for way, calls in pooled.items()}, rows
+
+
+def equal_counts(pooled, least=5):
+    """"N: ratio (calls, calls)", bridge over cuML by the medians, for each iteration count that both ways drew at
+    least ``least`` times."""
+    (mine, my_counts), (theirs, their_counts) = pooled["bridge"], pooled["cuml"]
+    lines = []
+    for count in sorted(set(my_counts[~np.isnan(my_counts)]) & set(their_counts[~np.isnan(their_counts)])):
+        a, b = mine[my_counts == count], theirs[their_counts == count]
+        if min(len(a), len(b)) >= least:
+            lines.append(f"{count:.0f}: {np.median(a) / np.median(b):.2f}x ({len(a)}, {len(b)} calls)")
+    return lines
 
 
 def chance_over(bridge, cuml, rounds, ratio, draws=100_000, seed=0):
@@ -52,7 +69,8 @@ def main():
     parser.add_argument("--rounds", default="3,5,7,11")
     args = parser.parse_args()
     paths = sorted({path for pattern in args.files for path in glob.glob(pattern)})
-    bridge, cuml, rows = pooled_times(args.case, paths)
+    pooled, rows = pooled_calls(args.case, paths)
+    bridge, cuml = pooled["bridge"][0], pooled["cuml"][0]
     if not rows:
         raise SystemExit(f"no row of {args.case!r} in {len(paths)} files")
     print(f"{args.case}: {rows} rows of {len(paths)} files, {len(bridge)} bridged calls, {len(cuml)} cuML's")
@@ -61,6 +79,14 @@ def main():
         print(f"  {name:<16} median {median * 1e3:.1f} ms, slow calls (over 1.3x that) {np.mean(times > 1.3 * median):.0%}, "
               f"the slowest {times.max() * 1e3:.0f} ms")
     print(f"  medians of all calls: bridge / cuML {np.median(bridge) / np.median(cuml):.2f}x")
+    iterations = [counts[~np.isnan(counts)] for counts in (pooled["cuml"][1], pooled["bridge"][1])]
+    if all(len(n) for n in iterations):
+        from scipy.stats import mannwhitneyu
+
+        print(f"  mean iterations: cuML in process {iterations[0].mean():.2f} ({len(iterations[0])} calls), bridge "
+              f"{iterations[1].mean():.2f} ({len(iterations[1])} calls); Mann-Whitney U p = "
+              f"{mannwhitneyu(*iterations).pvalue:.3f}")
+        print("  at equal iterations, bridge / cuML by the medians: " + ", ".join(equal_counts(pooled)))
     for rounds in (int(n) for n in args.rounds.split(",")):
         print(f"  a table of {rounds:>2} rounds over {args.ratio:.2f}x by chance: "
               f"{chance_over(bridge, cuml, rounds, args.ratio):.1%}")
