@@ -41,16 +41,30 @@ def pooled_calls(case, paths):
     return {way: np.array(calls, dtype=float).reshape(-1, 2).T for way, calls in pooled.items()}, rows
 
 
-def equal_counts(pooled, least=5):
-    """"N: ratio (calls, calls)", bridge over cuML by the medians, for each iteration count that both ways drew at
-    least ``least`` times."""
-    (mine, my_counts), (theirs, their_counts) = pooled["bridge"], pooled["cuml"]
-    lines = []
+def equal_counts(bridge, cuml, least):
+    """For each iteration count that both ways drew at least ``least`` times: (count, the bridge's calls, cuML's
+    calls, the bridge over cuML by the medians of those calls). ``bridge``, ``cuml``: (seconds, iterations) of
+    each call, iterations NaN where not recorded."""
+    (mine, my_counts), (theirs, their_counts) = (np.asarray(a, dtype=float) for a in bridge), \
+        (np.asarray(a, dtype=float) for a in cuml)
+    found = []
     for count in sorted(set(my_counts[~np.isnan(my_counts)]) & set(their_counts[~np.isnan(their_counts)])):
         a, b = mine[my_counts == count], theirs[their_counts == count]
         if min(len(a), len(b)) >= least:
-            lines.append(f"{count:.0f}: {np.median(a) / np.median(b):.2f}x ({len(a)}, {len(b)} calls)")
-    return lines
+            found.append((int(count), len(a), len(b), float(np.median(a) / np.median(b))))
+    return found
+
+
+def iterations_compared(pooled):
+    """Each way's mean iterations over the calls that record them, and whether the two differ (Mann-Whitney U);
+    None where a way has none."""
+    cuml, bridge = (counts[~np.isnan(counts)] for counts in (pooled["cuml"][1], pooled["bridge"][1]))
+    if not (len(cuml) and len(bridge)):
+        return None
+    from scipy.stats import mannwhitneyu
+
+    return (f"mean iterations: cuML in process {cuml.mean():.2f} ({len(cuml)} calls), bridge {bridge.mean():.2f} "
+            f"({len(bridge)} calls); Mann-Whitney U p = {mannwhitneyu(cuml, bridge).pvalue:.3f}")
 
 
 def chance_over(bridge, cuml, rounds, ratio, draws=100_000, seed=0):
@@ -79,14 +93,11 @@ def main():
         print(f"  {name:<16} median {median * 1e3:.1f} ms, slow calls (over 1.3x that) {np.mean(times > 1.3 * median):.0%}, "
               f"the slowest {times.max() * 1e3:.0f} ms")
     print(f"  medians of all calls: bridge / cuML {np.median(bridge) / np.median(cuml):.2f}x")
-    iterations = [counts[~np.isnan(counts)] for counts in (pooled["cuml"][1], pooled["bridge"][1])]
-    if all(len(n) for n in iterations):
-        from scipy.stats import mannwhitneyu
-
-        print(f"  mean iterations: cuML in process {iterations[0].mean():.2f} ({len(iterations[0])} calls), bridge "
-              f"{iterations[1].mean():.2f} ({len(iterations[1])} calls); Mann-Whitney U p = "
-              f"{mannwhitneyu(*iterations).pvalue:.3f}")
-        print("  at equal iterations, bridge / cuML by the medians: " + ", ".join(equal_counts(pooled)))
+    if iterations_compared(pooled):
+        print(f"  {iterations_compared(pooled)}")
+        print("  at equal iterations, bridge / cuML by the medians: " + ", ".join(
+            f"{count}: {ratio:.2f}x ({mine}, {theirs} calls)"
+            for count, mine, theirs, ratio in equal_counts(pooled["bridge"], pooled["cuml"], least=5)))
     for rounds in (int(n) for n in args.rounds.split(",")):
         print(f"  a table of {rounds:>2} rounds over {args.ratio:.2f}x by chance: "
               f"{chance_over(bridge, cuml, rounds, args.ratio):.1%}")

@@ -41,7 +41,8 @@ from sklearn_gpu_bridge.client import REPLY_WAITS
 from sklearn_gpu_bridge.launch import LaunchedWorker
 from sklearn_gpu_bridge.worker.server import page_faults
 
-from intervals import paired_difference  # benchmarks/, as the other scripts here import e2e
+from chance_over import equal_counts  # benchmarks/, as the other scripts here import e2e
+from intervals import paired_difference
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -351,16 +352,11 @@ def same_iterations(bridge, cuml, least=2):
     each way drew as about the bridge. Same iterations, same work."""
     if not bridge.get("n_iter") or not cuml.get("n_iter"):
         return None
-    counts = {k: (bridge["n_iter"].count(k), cuml["n_iter"].count(k)) for k in set(bridge["n_iter"])}
-    shared = [k for k, (b, c) in counts.items() if b >= least and c >= least]
+    shared = equal_counts((bridge["times"], bridge["n_iter"]), (cuml["times"], cuml["n_iter"]), least)
     if not shared:
         return None
-    k = max(shared, key=lambda k: (sum(counts[k]), -k))
-
-    def median(way):
-        return float(np.median([t for t, n in zip(way["times"], way["n_iter"]) if n == k]))
-
-    return {"n_iter": k, "calls": list(counts[k]), "ratio": median(bridge) / median(cuml)}
+    k, mine, theirs, ratio = max(shared, key=lambda found: (found[1] + found[2], -found[0]))
+    return {"n_iter": k, "calls": [mine, theirs], "ratio": ratio}
 
 
 def state_after():

@@ -30,6 +30,7 @@ import numpy as np
 import sklearn_gpu_bridge
 from sklearn_gpu_bridge.worker.backends import DEVICE_COPY_ENV, use_device_memory
 
+from chance_over import iterations_compared, pooled_calls
 from e2e import CASES, LEGS, WorkerProcess, cuml_class, make_data, request_legs
 
 
@@ -118,14 +119,11 @@ def main():
 
 
 def print_pooled(paths, slow):
-    from scipy.stats import mannwhitneyu
-
-    calls = [call for path in paths for call in json.loads(Path(path).read_text())["calls"]]
-    for line in summarise(calls, slow):
+    reports = [json.loads(Path(path).read_text()) for path in paths]
+    for line in summarise([call for report in reports for call in report["calls"]], slow):
         print(line)
-    iterations = {way: [c["n_iter"][0] for c in calls if c["way"] == way] for way in ("in process", "bridge")}
-    print("mean iterations: " + ", ".join(f"{way} {np.mean(n):.2f} ({len(n)} calls)" for way, n in iterations.items())
-          + f"; Mann-Whitney U p = {mannwhitneyu(*iterations.values()).pvalue:.3f}")
+    for case in sorted({report["case"] for report in reports}):
+        print(iterations_compared(pooled_calls(case, paths)[0]))
 
 
 def summarise(calls, slow):
