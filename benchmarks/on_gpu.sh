@@ -543,19 +543,15 @@ for n in range(int(lo), int(hi or lo) + 1)]; print(",".join(map(str, c[:4])))' "
     labels)  # issue 15, twentieth session: a classifier's labels encoded on the host (worker/labels.py): its tests
       # with cuML (NO_TESTS=1: none), its cost against cuML's own by number of labels, then e2e's CASES (default the
       # LogisticRegression pair) with REPEATS calls a way (default 200), SKLEARN_GPU_BRIDGE_LABELS_ON_HOST=0 and
-      # the default alternated ROUNDS times (default 1), the first numbered FIRST_ROUND (default 1), into files named
-      # NAME (default labels); results/gpu-h100-1128b/README.md lists the calls behind its files
+      # the default in turn (in_turn: ROUNDS, FIRST_ROUND), into files named NAME (default labels);
+      # results/gpu-h100-1128b/README.md lists the calls behind its files (then NAME.txt held both values' runs)
       [ -n "${NO_TESTS:-}" ] || step 300 "$OUT/pytest-cuml-labels.txt" "${PYTEST[@]}" -q -rfEs --tb=short \
         tests/test_labels.py tests/test_estimators.py -k "labels or Logistic or SVC"
       [ -n "${NO_TESTS:-}" ] || step 120 "$OUT/host-labels.txt" python3 benchmarks/host_labels.py \
         --out "$OUT/host-labels.json"
-      for round in $(seq "${FIRST_ROUND:-1}" $(( ${FIRST_ROUND:-1} + ${ROUNDS:-1} - 1 ))); do
-        for on in 0 1; do
-          step 280 "$OUT/${NAME:-labels}.txt" env SKLEARN_GPU_BRIDGE_LABELS_ON_HOST=$on python3 benchmarks/e2e.py --parts cases \
-            --only "${CASES:-LogisticRegression fit+predict 5000x20\$}" --no-sklearn-large --repeats "${REPEATS:-200}" \
-            --between collect,pause --out "$OUT/e2e-${NAME:-labels}-$on-$round.json"
-        done
-      done ;;
+      in_turn "${NAME:-labels}" SKLEARN_GPU_BRIDGE_LABELS_ON_HOST "0 1" 280 \
+        --only "${CASES:-LogisticRegression fit+predict 5000x20\$}" --no-sklearn-large --repeats "${REPEATS:-200}" \
+        --between collect,pause ;;
     worker-gc)  # issue 15, nineteenth session: how often the collector runs inside small calls, in process and in the
       # worker (benchmarks/worker_gc.py); results/gpu-h100-1128 ran it with idle-gc.patch applied, twice (see there)
       step 120 "$OUT/worker-gc.txt" python3 benchmarks/worker_gc.py --backend cuml --out "$OUT/worker-gc.json" ;;
@@ -573,7 +569,7 @@ for n in range(int(lo), int(hi or lo) + 1)]; print(",".join(map(str, c[:4])))' "
       slow_calls again
       slow_calls in-process-async --in-process-device-memory async-cupy
       slow_calls worker-cuda --worker-device-memory cuda ;;
-    slow-calls-split)  # next: cuML in process on a thread of its own, then the worker leaving X's copy to cuML (a
+    slow-calls-split)  # twenty-fifth session: cuML in process on a thread of its own, then the worker leaving X's copy to cuML (a
       # threshold over any X), to see which, if either, gives the bridged calls their extra iterations
       slow_calls in-process-thread --in-process-thread
       slow_calls worker-no-copy --worker-device-copy-min-bytes 1000000000000 ;;
