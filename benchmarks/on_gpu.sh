@@ -547,7 +547,7 @@ for n in range(int(lo), int(hi or lo) + 1)]; print(",".join(map(str, c[:4])))' "
       # results/gpu-h100-1128b/README.md lists the calls behind its files (then NAME.txt held both values' runs)
       [ -n "${NO_TESTS:-}" ] || step 300 "$OUT/pytest-cuml-labels.txt" "${PYTEST[@]}" -q -rfEs --tb=short \
         tests/test_labels.py tests/test_estimators.py -k "labels or Logistic or SVC"
-      [ -n "${NO_TESTS:-}" ] || step 120 "$OUT/host-labels.txt" python3 benchmarks/host_labels.py \
+      [ -n "${NO_TESTS:-}" ] || step 240 "$OUT/host-labels.txt" python3 benchmarks/host_labels.py \
         --out "$OUT/host-labels.json"
       in_turn "${NAME:-labels}" SKLEARN_GPU_BRIDGE_LABELS_ON_HOST "0 1" 280 \
         --only "${CASES:-LogisticRegression fit+predict 5000x20\$}" --no-sklearn-large --repeats "${REPEATS:-200}" \
