@@ -45,8 +45,8 @@ def equal_counts(bridge, cuml, least):
     """For each iteration count that both ways drew at least ``least`` times: (count, the bridge's calls, cuML's
     calls, the bridge over cuML by the medians of those calls). ``bridge``, ``cuml``: (seconds, iterations) of
     each call, iterations NaN where not recorded."""
-    (mine, my_counts), (theirs, their_counts) = (np.asarray(a, dtype=float) for a in bridge), \
-        (np.asarray(a, dtype=float) for a in cuml)
+    mine, my_counts = np.asarray(bridge, dtype=float)
+    theirs, their_counts = np.asarray(cuml, dtype=float)
     found = []
     for count in sorted(set(my_counts[~np.isnan(my_counts)]) & set(their_counts[~np.isnan(their_counts)])):
         a, b = mine[my_counts == count], theirs[their_counts == count]
@@ -93,8 +93,9 @@ def main():
         print(f"  {name:<16} median {median * 1e3:.1f} ms, slow calls (over 1.3x that) {np.mean(times > 1.3 * median):.0%}, "
               f"the slowest {times.max() * 1e3:.0f} ms")
     print(f"  medians of all calls: bridge / cuML {np.median(bridge) / np.median(cuml):.2f}x")
-    if iterations_compared(pooled):
-        print(f"  {iterations_compared(pooled)}")
+    iterations = iterations_compared(pooled)
+    if iterations:
+        print(f"  {iterations}")
         print("  at equal iterations, bridge / cuML by the medians: " + ", ".join(
             f"{count}: {ratio:.2f}x ({mine}, {theirs} calls)"
             for count, mine, theirs, ratio in equal_counts(pooled["bridge"], pooled["cuml"], least=5)))

@@ -319,11 +319,10 @@ def _run_case(case, X, y, repeats, use_cuml, skip_large_sklearn, variants, betwe
     for way, settings in (variants or {}).items() if wrapper is not None and not case.large else ():
         runs[way] = lambda w=wrapper, c=case, s=settings: _with_settings(s, lambda: c.run(w(**c.params), X, y))
     if case.large:
-        timed = timed_together(runs, max(repeats, case.rounds), between, legs_of=("bridge",), seconds=LARGE_SECONDS,
-                               most=MAX_LARGE_ROUNDS, order=order)
+        row.update(timed_together(runs, max(repeats, case.rounds), between, legs_of=("bridge",),
+                                  seconds=LARGE_SECONDS, most=MAX_LARGE_ROUNDS, order=order))
     else:
-        timed = timed_together(runs, max(repeats, MIN_SMALL_ROUNDS), between, order=order)
-    row.update(timed)
+        row.update(timed_together(runs, max(repeats, MIN_SMALL_ROUNDS), between, order=order))
     for way in variants or ():
         if way in row and "cuml" in row:
             row[f"{way} minus cuml_ms"] = (row[way]["median"] - row["cuml"]["median"]) * 1e3

@@ -53,7 +53,8 @@ in_turn() {  # in_turn NAME VARIABLE "VALUES" SECONDS E2E-ARGS...: e2e.py's case
   done
 }
 
-slow_calls() {  # slow_calls NAME SLOW_CALLS-ARGS...: one run of slow_calls.py, 70 calls, into slow-calls-NAME.{txt,json}
+slow_calls() {  # slow_calls NAME SLOW_CALLS-ARGS...: one run of slow_calls.py, into slow-calls-NAME.{txt,json}; 70 calls
+  # unless the ARGS give --calls (the last one given counts)
   local name=$1
   shift
   step 100 "$OUT/slow-calls-$name.txt" python3 benchmarks/slow_calls.py --calls 70 "$@" --out "$OUT/slow-calls-$name.json"
