@@ -37,7 +37,7 @@ import threading
 import weakref
 
 from sklearn_gpu_bridge.errors import ProtocolError
-from sklearn_gpu_bridge.host import pid_alive
+from sklearn_gpu_bridge.runtime.private_files import pid_alive
 
 SLOT_SIZE = 1 << 20  # 1 MiB: the unit a block is made of
 SEGMENT_SLOTS = 64  # a new segment holds at least 64 slots (64 MiB, sparse)

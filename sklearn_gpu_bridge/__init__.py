@@ -32,7 +32,7 @@ def __getattr__(name):
 
         return getattr(client, name)
     if name == "execution_mode":
-        from .inprocess import execution_mode
+        from .transport.inprocess import execution_mode
 
         return execution_mode
     if name.startswith("GPU"):

@@ -12,7 +12,7 @@ import sys
 import click
 
 from .config import DEVICE_MEMORY_KINDS, ENV_PREFIX, WORKER_DEFAULTS
-from .connect import default_connection_file
+from .runtime.connection_file import default_connection_file
 
 ENVVAR_PREFIX = ENV_PREFIX.rstrip("_")
 LOG_LEVELS = click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"])
@@ -111,7 +111,7 @@ def keys(directory, name, force):
     Writes DIRECTORY/NAME.key_secret (owner-only: pass it to `worker --curve-secret-key`)
     and DIRECTORY/NAME.key (the public key; the worker also puts it in its connection file).
     """
-    from .keys import make_pair
+    from .runtime.keys import make_pair
 
     try:
         public, secret = make_pair(directory, name, force=force)
@@ -160,7 +160,7 @@ def _wsl_options(function):
 
 
 def _print_status(result):
-    from .service import format_status
+    from .manage.service import format_status
 
     click.echo(format_status(result))
 
@@ -190,7 +190,7 @@ def start(backend, connection_file, log_file, log_level, threads, device_memory,
     this worker from then on instead of starting a local worker of its own; `sklearn-gpu-bridge stop`
     undoes that.
     """
-    from .service import ServiceError, start as start_worker
+    from .manage.service import ServiceError, start as start_worker
 
     try:
         result = start_worker(backend=backend, connection_file=connection_file, log_file=log_file,
@@ -230,7 +230,7 @@ def stop(connection_file, timeout):
 
     Exit code 0: stopped, or no worker was running (nothing to stop); 1: it did not stop.
     """
-    from .service import stop as stop_worker
+    from .manage.service import stop as stop_worker
 
     result = stop_worker(connection_file=connection_file, timeout=timeout)
     if result["how"] == "no worker: nothing to stop":
@@ -256,7 +256,7 @@ def status(connection_file, as_json):
     """
     import json
 
-    from .service import status as worker_status
+    from .manage.service import status as worker_status
 
     result = worker_status(connection_file=connection_file)
     if as_json:
@@ -285,7 +285,7 @@ def doctor(connection_file, use_wsl, distro, python, measure, quick, as_json):
     """
     import json
 
-    from .doctor import format_check, run
+    from .manage.doctor import format_check, run
 
     result = run(connection_file=connection_file, use_wsl=use_wsl, distro=distro, python=python, measure=measure,
                  quick=quick, on_check=None if as_json else (lambda check: click.echo(format_check(check))))
@@ -312,7 +312,7 @@ def autostart_install(distro, python, backend, log_level):
     """Add `sklearn-gpu-bridge start --wsl ...` to the current user's Run key (HKCU)."""
     import sys
 
-    from . import wsl
+    from .manage import wsl
     from .config import get_config
 
     config = get_config()
@@ -332,7 +332,7 @@ def autostart_install(distro, python, backend, log_level):
 @autostart.command("remove", short_help="Remove the Run key entry; a running worker keeps running.")
 def autostart_remove():
     """Remove the Run key entry (a running worker keeps running: `sklearn-gpu-bridge stop`)."""
-    from . import wsl
+    from .manage import wsl
 
     try:
         removed = wsl.remove_autostart()
@@ -354,7 +354,7 @@ def alias():
 @alias.command("install", short_help="Write the .pth that enables the alias in this environment.")
 def alias_install():
     """Write the .pth file that makes `import cuml` work in the active environment."""
-    from . import cuml_alias
+    from .accel import cuml_alias
     from .errors import ConfigurationError
 
     try:
@@ -368,7 +368,7 @@ def alias_install():
 @alias.command("uninstall", short_help="Remove the alias's .pth from this environment.")
 def alias_uninstall():
     """Remove the .pth file; `import cuml` fails again here, as it did before."""
-    from . import cuml_alias
+    from .accel import cuml_alias
 
     path = cuml_alias.pth_path()
     click.echo(f"removed {path}" if cuml_alias.uninstall_pth() else f"no alias was installed ({path})")

@@ -20,8 +20,8 @@ import zmq
 
 import sklearn_gpu_bridge
 from sklearn_gpu_bridge.config import ENV_CONNECTION_FILE
-from sklearn_gpu_bridge.keys import secure
-from sklearn_gpu_bridge.launch import LaunchedWorker
+from sklearn_gpu_bridge.runtime.keys import secure
+from sklearn_gpu_bridge.manage.launcher import LaunchedWorker
 from sklearn_gpu_bridge.protocol import Session, new_id
 
 BACKEND = os.environ.get("SKLEARN_GPU_BRIDGE_TEST_BACKEND", "sklearn")

@@ -26,7 +26,8 @@ from sklearn.preprocessing import StandardScaler
 from sklearn.svm import SVC
 
 import sklearn_gpu_bridge
-from sklearn_gpu_bridge import GPUStandardScaler, accel, cuml_alias
+from sklearn_gpu_bridge import GPUStandardScaler, accel
+from sklearn_gpu_bridge.accel import cuml_alias
 from sklearn_gpu_bridge.accel import report, serve
 from sklearn_gpu_bridge.catalogue import ESTIMATORS
 
@@ -345,14 +346,14 @@ def test_every_cuml_import_path_of_a_wrapped_class_works(tmp_path):
         assert m.get_params()["output_type"] == "numpy" and type(m).__module__ == "cuml.linear_model"
         print("ok", len(dir(cuml)))
     """)
-    out = _python("-c", f"import sklearn_gpu_bridge.cuml_alias as a; a.enable()\n{code}", tmp_path=tmp_path)
+    out = _python("-c", f"import sklearn_gpu_bridge.accel.cuml_alias as a; a.enable()\n{code}", tmp_path=tmp_path)
     assert out.stdout.startswith("ok")
 
 
 @client_without_cuml
 def test_output_types_numpy_pandas_and_input(tmp_path):
     code = textwrap.dedent("""
-        import sklearn_gpu_bridge.cuml_alias as a; a.enable()
+        import sklearn_gpu_bridge.accel.cuml_alias as a; a.enable()
         import warnings, numpy as np, pandas as pd, cuml
         X = pd.DataFrame(np.random.default_rng(0).random((50, 3)), columns=list("abc"))
         km = cuml.KMeans(n_clusters=2, random_state=0, n_init=1).fit(X)
@@ -374,7 +375,7 @@ def test_the_alias_never_shadows_a_real_cuml(tmp_path):
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text("REAL = True\n")
     code = textwrap.dedent("""
-        import sklearn_gpu_bridge.cuml_alias as a; a.enable()
+        import sklearn_gpu_bridge.accel.cuml_alias as a; a.enable()
         import cuml
         print(getattr(cuml, "REAL", False), a.real_cuml_importable())
         try:

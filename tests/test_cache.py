@@ -18,9 +18,9 @@ from sklearn_gpu_bridge.worker.cache import ArrayCache
 
 import sklearn_gpu_bridge
 from sklearn_gpu_bridge import GPUSVC, GPUStandardScaler, ProtocolError
-from sklearn_gpu_bridge.client import Connection
+from sklearn_gpu_bridge.client.connection import Connection
 from sklearn_gpu_bridge.errors import rebuild as rebuild_error
-from sklearn_gpu_bridge.connect import read_connection_file
+from sklearn_gpu_bridge.runtime.connection_file import read_connection_file
 from sklearn_gpu_bridge.errors import CacheMiss
 from sklearn_gpu_bridge.protocol import BoundedLRU, Decoder, Encoder, KnownArrays, Session, fingerprint
 from sklearn_gpu_bridge.protocol.session import buffer_digest

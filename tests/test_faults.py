@@ -26,7 +26,7 @@ from sklearn.preprocessing import StandardScaler
 
 import sklearn_gpu_bridge
 from sklearn_gpu_bridge import GPUPCA, GPUSVC, GPUStandardScaler, WorkerLost
-from sklearn_gpu_bridge.host import pid_alive
+from sklearn_gpu_bridge.runtime.private_files import pid_alive
 
 from .conftest import BACKEND, RawClient, WorkerProcess, assert_same, own_worker, record, wait_until
 

@@ -108,7 +108,7 @@ def _capture(process):
                 connection.ping()
                 del scaler, model
                 connection.status()  # carries the releases
-            sklearn_gpu_bridge.client._connection = None  # keep this one open, make the next one anew
+            sklearn_gpu_bridge.client.connection._connection = None  # keep this one open, make the next one anew
     finally:
         Session.pack = pack
     ops = {header["op"] for header, _ in captured}

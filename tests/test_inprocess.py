@@ -19,7 +19,8 @@ from sklearn.feature_extraction.text import TfidfVectorizer
 from sklearn.pipeline import make_pipeline
 
 import sklearn_gpu_bridge
-from sklearn_gpu_bridge import client, config_context
+from sklearn_gpu_bridge import config_context
+from sklearn_gpu_bridge.client import connection as client
 from sklearn_gpu_bridge.errors import ConfigurationError, ProtocolError
 from sklearn_gpu_bridge.estimators import (
     GPUKMeans,
@@ -29,12 +30,12 @@ from sklearn_gpu_bridge.estimators import (
     GPUStandardScaler,
     GPUSVC,
 )
-from sklearn_gpu_bridge.inprocess import InProcess
+from sklearn_gpu_bridge.transport.inprocess import InProcess
 
 from .conftest import BACKEND, assert_same
 
 #: a real cuML here (the GPU machine): the tests of a process without one do not apply
-REAL_CUML = __import__("sklearn_gpu_bridge.inprocess", fromlist=["_cuml_importable"])._cuml_importable()
+REAL_CUML = __import__("sklearn_gpu_bridge.transport.inprocess", fromlist=["_cuml_importable"])._cuml_importable()
 without_cuml = pytest.mark.skipif(REAL_CUML, reason="about a process without cuML; this one has it")
 
 
@@ -148,7 +149,7 @@ def test_execution_mode_setting():
 
 
 def test_forcing_in_process_without_cuml_says_so():
-    from sklearn_gpu_bridge.inprocess import _cuml_importable
+    from sklearn_gpu_bridge.transport.inprocess import _cuml_importable
 
     if _cuml_importable():
         pytest.skip("cuML is importable here")
@@ -206,9 +207,9 @@ def test_the_cuml_alias_is_not_taken_for_cuml(tmp_path):
     code = textwrap.dedent("""
         import sys
         sys.modules.pop("cuml", None)
-        import sklearn_gpu_bridge.cuml_alias as alias; alias.enable()
+        import sklearn_gpu_bridge.accel.cuml_alias as alias; alias.enable()
         import cuml
-        from sklearn_gpu_bridge import inprocess
+        from sklearn_gpu_bridge.transport import inprocess
         print(cuml.__sklearn_gpu_bridge__, inprocess._cuml_importable())
     """)
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=tmp_path)
@@ -220,7 +221,7 @@ def test_the_cuml_alias_is_not_taken_for_cuml(tmp_path):
 def test_a_worker_in_an_environment_with_the_alias_runs_scikit_learn_not_the_alias(tmp_path):
     """`alias install` in the worker's environment must not make the worker call itself through the alias."""
     code = textwrap.dedent("""
-        import sklearn_gpu_bridge.cuml_alias as alias; alias.enable()
+        import sklearn_gpu_bridge.accel.cuml_alias as alias; alias.enable()
         from sklearn_gpu_bridge.worker.backends import make_backend
         backend, reason = make_backend("auto")
         print(backend.name, "alias" in reason)

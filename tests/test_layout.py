@@ -25,10 +25,10 @@ FOLDERS = {"sklearn_gpu_bridge": PACKAGE, "worker": f"{PACKAGE}.worker", "shm": 
 #: read by both sides: may import nothing of the client or the worker
 SHARED_CORE = {
     "sklearn_gpu_bridge", "sklearn_gpu_bridge.errors", "sklearn_gpu_bridge.config", "sklearn_gpu_bridge.catalogue",
-    "sklearn_gpu_bridge.translate", "sklearn_gpu_bridge.host", "sklearn_gpu_bridge.connect",
-    "sklearn_gpu_bridge.keys", "sklearn_gpu_bridge.parallel", "sklearn_gpu_bridge.protocol",
+    "sklearn_gpu_bridge.translate", "sklearn_gpu_bridge.runtime.private_files", "sklearn_gpu_bridge.runtime.connection_file",
+    "sklearn_gpu_bridge.runtime.keys", "sklearn_gpu_bridge.parallel", "sklearn_gpu_bridge.protocol",
     "sklearn_gpu_bridge.protocol.arrays", "sklearn_gpu_bridge.protocol.ops", "sklearn_gpu_bridge.protocol.session",
-    "sklearn_gpu_bridge.protocol.reply_slot", "sklearn_gpu_bridge.protocol.rehearsal",
+    "sklearn_gpu_bridge.transport.reply_slot", "sklearn_gpu_bridge.transport.rehearsal",
     "sklearn_gpu_bridge.shm", "sklearn_gpu_bridge.shm.pool", "sklearn_gpu_bridge.portable",
 }
 #: command-line entry points: may import both sides
@@ -183,7 +183,7 @@ def test_the_worker_reads_the_same_environment_variables_from_both_entry_points(
 
 
 def test_one_table_of_defaults():
-    from sklearn_gpu_bridge.client import Connection
+    from sklearn_gpu_bridge.client.connection import Connection
     from sklearn_gpu_bridge.config import DEFAULTS, WORKER_DEFAULTS
     from sklearn_gpu_bridge.worker.server import Worker
 

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import sklearn_gpu_bridge
-from sklearn_gpu_bridge.host import pid_alive
+from sklearn_gpu_bridge.runtime.private_files import pid_alive
 from sklearn_gpu_bridge.protocol import INLINE_MAX
 from sklearn_gpu_bridge.shm import SLOT_SIZE, Pool, PoolAttachment, PoolError, remove_orphans
 from sklearn_gpu_bridge.shm.pool import MEMFD, PIN_MIN_BYTES
@@ -556,7 +556,7 @@ def test_threads_that_end_leave_no_sockets_or_slots_behind(connection, reply_wai
 def test_a_forked_child_leaves_its_parents_links_alone(connection, monkeypatch):
     """A child forked while another thread holds a link inherits that link, and drops it (the thread is not in
     the child): dropping it must not close the parent's sockets from the child."""
-    from sklearn_gpu_bridge import client
+    from sklearn_gpu_bridge.client import connection as client
 
     closed_in_child, real_close = os.pipe(), client._Link.close
     parent = os.getpid()
@@ -671,8 +671,8 @@ def test_a_worker_waits_for_the_device_before_answering_a_request_that_read_pinn
     """A real worker (in this process, so that its backend can be a recording one) and a real client: the
     request that read a pinned range settles before its reply, a small one from an unpinned segment does not,
     and the segment is unregistered when the client says goodbye."""
-    from sklearn_gpu_bridge.client import Connection
-    from sklearn_gpu_bridge.connect import read_connection_file
+    from sklearn_gpu_bridge.client.connection import Connection
+    from sklearn_gpu_bridge.runtime.connection_file import read_connection_file
     from sklearn_gpu_bridge.worker.backends import SklearnBackend
     from sklearn_gpu_bridge.worker.server import Worker
 

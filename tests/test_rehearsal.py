@@ -11,9 +11,10 @@ import pytest
 from sklearn.preprocessing import StandardScaler
 
 import sklearn_gpu_bridge
-from sklearn_gpu_bridge import GPUStandardScaler, client
+from sklearn_gpu_bridge import GPUStandardScaler
+from sklearn_gpu_bridge.client import connection as client
 from sklearn_gpu_bridge.errors import ProtocolError
-from sklearn_gpu_bridge.protocol import rehearsal, reply_slot
+from sklearn_gpu_bridge.transport import rehearsal, reply_slot
 
 from .conftest import assert_same, wait_until
 from .test_reply_slot import _armed, _watched_for_next, _worker_in_this_process

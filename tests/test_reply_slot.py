@@ -27,9 +27,11 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.preprocessing import StandardScaler
 
 import sklearn_gpu_bridge
-from sklearn_gpu_bridge import GPULogisticRegression, GPUStandardScaler, client
+from sklearn_gpu_bridge import GPULogisticRegression, GPUStandardScaler
+from sklearn_gpu_bridge.client import connection as client
 from sklearn_gpu_bridge.errors import ConfigurationError, ProtocolError
-from sklearn_gpu_bridge.protocol import Session, new_id, reply_slot
+from sklearn_gpu_bridge.protocol import Session, new_id
+from sklearn_gpu_bridge.transport import reply_slot
 
 from .conftest import assert_same, wait_until
 
@@ -221,7 +223,7 @@ def test_an_unknown_reply_wait_is_refused_before_anything_is_sent(connection):
 
 def _worker_in_this_process(tmp_path, monkeypatch, watch_ms):
     """A worker in this process whose threads watch a request slot for ``watch_ms`` after each reply."""
-    from sklearn_gpu_bridge.connect import read_connection_file
+    from sklearn_gpu_bridge.runtime.connection_file import read_connection_file
     from sklearn_gpu_bridge.worker.backends import SklearnBackend
     from sklearn_gpu_bridge.worker.server import Worker
 
@@ -808,7 +810,7 @@ def test_a_ring_to_a_worker_that_is_gone_neither_raises_nor_kills(tmp_path):
     process carries on. (A datagram socket raises no SIGPIPE on Linux; the flag is kept for other systems.)"""
     script = (
         "import signal, socket, sys\n"
-        "from sklearn_gpu_bridge import client\n"
+        "from sklearn_gpu_bridge.client import connection as client\n"
         "signal.signal(signal.SIGPIPE, signal.SIG_DFL)\n"
         "worker = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)\n"
         "worker.bind(sys.argv[1])\n"
@@ -848,6 +850,6 @@ def test_a_request_read_from_its_slot_after_a_reconnect_is_answered_on_the_new_c
 def test_the_client_imports_where_sockets_have_no_posix_flags():
     """Windows has neither MSG_DONTWAIT nor MSG_NOSIGNAL (and rings no doorbell): the client must import there."""
     script = ("import socket\nfor flag in ('MSG_DONTWAIT', 'MSG_NOSIGNAL'):\n    if hasattr(socket, flag):\n"
-              "        delattr(socket, flag)\nimport sklearn_gpu_bridge.client\nprint('IMPORTED')\n")
+              "        delattr(socket, flag)\nimport sklearn_gpu_bridge.client.connection\nprint('IMPORTED')\n")
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0 and "IMPORTED" in run.stdout, run.stderr[-2000:]

@@ -27,10 +27,10 @@ from sklearn.preprocessing import StandardScaler
 
 import sklearn_gpu_bridge
 from sklearn_gpu_bridge import GPUStandardScaler, ProtocolError
-from sklearn_gpu_bridge.client import Connection
+from sklearn_gpu_bridge.client.connection import Connection
 from sklearn_gpu_bridge.errors import ConfigurationError
-from sklearn_gpu_bridge.keys import derived_client_pair
-from sklearn_gpu_bridge.keys import make_pair as make_curve_keys
+from sklearn_gpu_bridge.runtime.keys import derived_client_pair
+from sklearn_gpu_bridge.runtime.keys import make_pair as make_curve_keys
 from sklearn_gpu_bridge.protocol import Session, new_id
 from sklearn_gpu_bridge.worker import check_settings
 

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 
 import sklearn_gpu_bridge
-from sklearn_gpu_bridge import transport_choice
-from sklearn_gpu_bridge.connect import read_connection_file
-from sklearn_gpu_bridge.measure import measure
+from sklearn_gpu_bridge.manage import transport_select as transport_choice
+from sklearn_gpu_bridge.runtime.connection_file import read_connection_file
+from sklearn_gpu_bridge.manage.measure import measure
 from sklearn_gpu_bridge.shm.pool import default_directory
-from sklearn_gpu_bridge.statefile import update_state
+from sklearn_gpu_bridge.manage.state_file import update_state
 
 
 @pytest.fixture

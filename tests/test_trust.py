@@ -32,11 +32,11 @@ from sklearn.preprocessing import StandardScaler
 
 import sklearn_gpu_bridge
 from sklearn_gpu_bridge import GPUStandardScaler
-from sklearn_gpu_bridge.client import Connection
-from sklearn_gpu_bridge.connect import read_connection_file, read_key_file
+from sklearn_gpu_bridge.client.connection import Connection
+from sklearn_gpu_bridge.runtime.connection_file import read_connection_file, read_key_file
 from sklearn_gpu_bridge.errors import ConfigurationError
-from sklearn_gpu_bridge.host import pid_alive
-from sklearn_gpu_bridge.keys import PLAIN_USER
+from sklearn_gpu_bridge.runtime.private_files import pid_alive
+from sklearn_gpu_bridge.runtime.keys import PLAIN_USER
 from sklearn_gpu_bridge.protocol import PROTOCOL_VERSION, Session, new_id
 from sklearn_gpu_bridge.shm import default_directory
 
@@ -128,8 +128,8 @@ def test_a_log_file_link_planted_by_another_user_is_not_followed(other_user, tmp
 def test_stop_never_removes_another_users_socket(other_user, tmp_path):
     """``stop`` tidies the socket a killed worker left, but only a socket of this user: one planted by another
     user at the address our connection file names stays (as root, an unchecked unlink would remove it)."""
-    from sklearn_gpu_bridge import service
-    from sklearn_gpu_bridge.connect import ConnectionInfo, new_key, write_connection_file
+    from sklearn_gpu_bridge.manage import service
+    from sklearn_gpu_bridge.runtime.connection_file import ConnectionInfo, new_key, write_connection_file
 
     shared = _shared_folder(sticky=True)
     theirs = shared / "worker.sock"
@@ -424,8 +424,8 @@ def test_another_clients_pool_is_not_written_with_a_reply(connection, hostile):
 _TRUNCATING_CLIENT = textwrap.dedent("""
     import json, os, sys
     import numpy as np
-    from sklearn_gpu_bridge.client import Connection
-    from sklearn_gpu_bridge.connect import read_connection_file
+    from sklearn_gpu_bridge.client.connection import Connection
+    from sklearn_gpu_bridge.runtime.connection_file import read_connection_file
     conn = Connection(read_connection_file(sys.argv[1]), pool_directory=sys.argv[2])  # a file pool
     assert conn.pool is not None and conn.pool.kind == "file"
     block = conn.pool.allocate(8 << 20)

@@ -20,9 +20,9 @@ from sklearn.preprocessing import StandardScaler
 
 import sklearn_gpu_bridge
 from sklearn_gpu_bridge import GPUSVC, GPUStandardScaler, VersionMismatch, WorkerLost, WorkerUnavailable
-from sklearn_gpu_bridge.connect import ConnectionInfo, new_key, write_connection_file
+from sklearn_gpu_bridge.runtime.connection_file import ConnectionInfo, new_key, write_connection_file
 from sklearn_gpu_bridge.protocol import PROTOCOL_VERSION
-from sklearn_gpu_bridge.host import pid_alive
+from sklearn_gpu_bridge.runtime.private_files import pid_alive
 
 from .conftest import BACKEND, WorkerProcess, assert_same, use_worker, wait_until
 
@@ -291,8 +291,8 @@ def test_a_config_context_puts_back_only_the_settings_it_changed():
 def test_a_worker_closed_from_another_thread_stops_serving_and_closes_once(tmp_path):
     """close() from another thread ends serve_forever, whose own close() then does nothing more (a second
     close once the context is gone would raise), and every thread that took turns reading has stopped."""
-    from sklearn_gpu_bridge.client import Connection
-    from sklearn_gpu_bridge.connect import read_connection_file
+    from sklearn_gpu_bridge.client.connection import Connection
+    from sklearn_gpu_bridge.runtime.connection_file import read_connection_file
     from sklearn_gpu_bridge.worker.backends import SklearnBackend
     from sklearn_gpu_bridge.worker.server import Worker
 
@@ -531,8 +531,8 @@ def test_a_clients_warnings_never_reach_another_clients_reply(fresh_worker, tmp_
     """Two clients (key holders both) fit at once on two of the worker's threads: A's fit starts, B's starts, A's
     warns and ends, then B's warns. Each client is warned of its own warning alone: with the process-wide
     ``catch_warnings`` of before, A's warning went to B and B's to the worker's stderr."""
-    from sklearn_gpu_bridge.client import Connection
-    from sklearn_gpu_bridge.connect import read_connection_file
+    from sklearn_gpu_bridge.client.connection import Connection
+    from sklearn_gpu_bridge.runtime.connection_file import read_connection_file
 
     X = np.random.default_rng(0).standard_normal((60, 3))
     a_in, b_in, a_done = (str(tmp_path / name) for name in ("a-in", "b-in", "a-done"))

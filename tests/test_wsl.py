@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from sklearn_gpu_bridge import wsl
-from sklearn_gpu_bridge.host import make_private_folder, windows_user
-from sklearn_gpu_bridge.service import worker_argv
+from sklearn_gpu_bridge.manage import wsl
+from sklearn_gpu_bridge.runtime.private_files import make_private_folder, windows_user
+from sklearn_gpu_bridge.manage.service import worker_argv
 
 
 @pytest.mark.parametrize("windows, linux", [
@@ -99,7 +99,7 @@ def test_probe_argument_survives_any_quoting(tmp_path):
 
 
 def test_probe_reports_the_environment_and_makes_folders(tmp_path):
-    source = wsl.probe_source(Path(wsl.__file__).with_name("_probe.py").read_text(),
+    source = wsl.probe_source(Path(wsl.__file__).with_name("probe_script.py").read_text(),
                               {"cuml": True, "gpu": True, "mkdirs": [str(tmp_path / "a" / "b")],
                                "wslpath": ["C:\\Users"]})
     out = subprocess.run(wsl.python_code_argv(sys.executable, source), capture_output=True, text=True,

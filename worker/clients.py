@@ -21,7 +21,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from sklearn_gpu_bridge.errors import ProtocolError
-from sklearn_gpu_bridge.host import process_start
+from sklearn_gpu_bridge.runtime.private_files import process_start
 from sklearn_gpu_bridge.shm import PoolAttachment, PoolError
 
 log = logging.getLogger("sklearn_gpu_bridge.worker")

@@ -2,7 +2,7 @@
 
 ZeroMQ asks it about every new connection on a PLAIN or CURVE socket,
 during the handshake, before the peer can deliver a single message: a peer
-without the credentials (:mod:`sklearn_gpu_bridge.keys`) costs the worker a
+without the credentials (:mod:`sklearn_gpu_bridge.runtime.keys`) costs the worker a
 refused handshake, never a parsed or buffered message. pyzmq's own
 authenticator does the protocol; this one compares passwords in constant
 time, allows the CurveZMQ keys it is given, and counts refusals.
@@ -14,7 +14,7 @@ from collections import Counter
 
 from zmq.auth.thread import ThreadAuthenticator
 
-from sklearn_gpu_bridge.keys import PLAIN_USER
+from sklearn_gpu_bridge.runtime.keys import PLAIN_USER
 
 log = logging.getLogger("sklearn_gpu_bridge.worker")
 DOMAIN = "sklearn-gpu-bridge"  # the ZAP domain of the worker's socket

@@ -22,12 +22,12 @@ worker's doorbell, a datagram socket that the reader polls beside the ZeroMQ
 one (:meth:`Worker._answer_bell`): one thread is woken, where ZeroMQ wakes
 three. The worker marks each request it reads from a slot (taken or not), and
 the client sends the same request through ZeroMQ only where it was not taken
-(:mod:`sklearn_gpu_bridge.protocol.reply_slot`). Which op is which is the protocol's
+(:mod:`sklearn_gpu_bridge.transport.reply_slot`). Which op is which is the protocol's
 catalogue (:data:`sklearn_gpu_bridge.protocol.OPS`); each has a method
 ``_op_<name>`` here.
 
 What reaches the reading thread at all is decided first: a peer without the
-credentials of the address (:mod:`sklearn_gpu_bridge.keys`) is refused
+credentials of the address (:mod:`sklearn_gpu_bridge.runtime.keys`) is refused
 during ZeroMQ's handshake (:mod:`.gatekeeper`); a frame longer than
 ``max_frame_mb`` closes the connection; a message of too many frames is
 dropped as it is read. A message that fails its signature, or is malformed in
@@ -58,10 +58,10 @@ import zmq
 
 from sklearn_gpu_bridge import __version__
 from sklearn_gpu_bridge.config import WORKER_DEFAULTS
-from sklearn_gpu_bridge.connect import ConnectionInfo, new_key, read_key_file, signing_key, write_connection_file
+from sklearn_gpu_bridge.runtime.connection_file import ConnectionInfo, new_key, read_key_file, signing_key, write_connection_file
 from sklearn_gpu_bridge.errors import ConfigurationError, ProtocolError, VersionMismatch, describe
-from sklearn_gpu_bridge.host import doorbell_path, pid_alive, socket_path
-from sklearn_gpu_bridge.keys import bind_hint, derived_client_pair, load_public, load_secret, plain_password
+from sklearn_gpu_bridge.runtime.private_files import doorbell_path, pid_alive, socket_path
+from sklearn_gpu_bridge.runtime.keys import bind_hint, derived_client_pair, load_public, load_secret, plain_password
 from sklearn_gpu_bridge.protocol import (
     PROTOCOL_VERSION,
     QUICK_OPS,
@@ -73,7 +73,7 @@ from sklearn_gpu_bridge.protocol import (
     new_id,
     to_plain,
 )
-from sklearn_gpu_bridge.protocol import rehearsal, reply_slot
+from sklearn_gpu_bridge.transport import rehearsal, reply_slot
 from sklearn_gpu_bridge.protocol.session import Duplicate, StaleMessage, message_waits
 from sklearn_gpu_bridge.shm import default_directory
 

@@ -10,7 +10,7 @@ scikit-learn's classes that have a wrapper are then served by the worker
 (:mod:`.serve`), falling back to scikit-learn on this CPU call by call where
 the worker cannot serve them; ``report()`` (or ``-v``, or
 ``SKLEARN_GPU_BRIDGE_ACCEL_LOG=1``: a table at exit) says which ran where and
-why. ``import cuml`` works too (:mod:`sklearn_gpu_bridge.cuml_alias`), where
+why. ``import cuml`` works too (:mod:`sklearn_gpu_bridge.accel.cuml_alias`), where
 no real cuML is installed.
 
 Processes that joblib starts for ``n_jobs`` inherit it: ``install()`` puts a
@@ -29,7 +29,7 @@ _exit_hook = []
 
 def install(log_level=None):
     """Serve scikit-learn's classes through the bridge in this process and in the ones it starts."""
-    from .. import cuml_alias
+    from . import cuml_alias
     from . import serve
 
     if log_level is not None:

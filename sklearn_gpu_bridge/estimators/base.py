@@ -42,7 +42,7 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import FLOAT_DTYPES, _check_sample_weight, check_array, check_is_fitted, validate_data
 
 from .. import __version__
-from ..client import get_connection, heads_up
+from ..client.connection import get_connection, heads_up
 from ..config import get_setting
 from ..errors import WorkerUnavailable
 from ..parallel import PARALLEL_MIN

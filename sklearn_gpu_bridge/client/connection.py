@@ -36,13 +36,13 @@ import numpy as np
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from .config import DEFAULTS, ENV_CONNECTION_FILE, get_config, get_setting
-from .connect import default_connection_file, read_connection_file
-from .inprocess import execution_mode
-from .errors import CacheMiss, ConfigurationError, ProtocolError, VersionMismatch, WorkerLost, WorkerUnavailable, rebuild, warning_class
-from .keys import secure
-from .local_worker import ensure_local_worker, is_local_connection_file
-from .protocol import (
+from ..config import DEFAULTS, ENV_CONNECTION_FILE, get_config, get_setting
+from ..runtime.connection_file import default_connection_file, read_connection_file
+from ..transport.inprocess import execution_mode
+from ..errors import CacheMiss, ConfigurationError, ProtocolError, VersionMismatch, WorkerLost, WorkerUnavailable, rebuild, warning_class
+from ..runtime.keys import secure
+from ..manage.local_worker import ensure_local_worker, is_local_connection_file
+from ..protocol import (
     POOL_INLINE_MAX,
     PROTOCOL_VERSION,
     AsDtype,
@@ -54,11 +54,12 @@ from .protocol import (
     new_id,
     to_plain,
 )
-from .protocol import rehearsal, reply_slot
-from .protocol.arrays import is_sparse
-from .protocol.session import message_waits
-from .shm import Pool
-from .transport_choice import client_transport
+from ..transport import rehearsal
+from ..transport import reply_slot
+from ..protocol.arrays import is_sparse
+from ..protocol.session import message_waits
+from ..shm import Pool
+from ..manage.transport_select import client_transport
 
 log = logging.getLogger(__name__)
 
@@ -984,7 +985,7 @@ def reset_connection():
 
 def _connect_in_process():
     """cuML in this process (a dask-cuda worker, or execution="in_process"); said once in the log."""
-    from .inprocess import InProcess
+    from ..transport.inprocess import InProcess
 
     mode = execution_mode()
     try:

@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .errors import ConfigurationError
+from ..errors import ConfigurationError
 
 POSIX = os.name == "posix"
 NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)

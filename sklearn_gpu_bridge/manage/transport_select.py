@@ -30,9 +30,9 @@ against: a new worker gets measured anew.
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .config import get_config, is_explicit
-from .connect import default_connection_file
-from .statefile import read_state, update_state, worker_identity
+from ..config import get_config, is_explicit
+from ..runtime.connection_file import default_connection_file
+from .state_file import read_state, update_state, worker_identity
 
 TRANSPORTS = ("auto", "pool", "frames")
 PREFER_FRAMES_WITHIN = 1.10  # a pool must be >10% faster than frames to be chosen

@@ -19,8 +19,8 @@ import os
 import numpy as np
 
 from . import reply_slot
-from .arrays import Decoder, Encoder
-from .session import Session, new_id
+from ..protocol.arrays import Decoder, Encoder
+from ..protocol.session import Session, new_id
 
 #: "0": no rehearsals in this process (read once, where a client or a worker starts)
 REHEARSE_ENV = "SKLEARN_GPU_BRIDGE_REHEARSE"

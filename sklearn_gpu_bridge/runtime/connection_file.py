@@ -15,8 +15,8 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .errors import ConfigurationError
-from .host import make_private_folder, read_private_file, write_private_file
+from ..errors import ConfigurationError
+from .private_files import make_private_folder, read_private_file, write_private_file
 
 MIN_KEY_BYTES = 16  # 128 bits
 

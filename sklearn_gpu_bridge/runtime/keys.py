@@ -26,8 +26,8 @@ import zmq
 import zmq.auth
 from zmq.utils import z85
 
-from .errors import ConfigurationError
-from .host import check_private_file
+from ..errors import ConfigurationError
+from .private_files import check_private_file
 
 PLAIN_USER = b"sklearn-gpu-bridge"
 

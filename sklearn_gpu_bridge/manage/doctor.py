@@ -18,14 +18,16 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from . import __version__, service, wsl
-from .config import get_config
-from .connect import read_connection_file
-from .errors import ConfigurationError
+from .. import __version__
+from . import service
+from . import wsl
+from ..config import get_config
+from ..runtime.connection_file import read_connection_file
+from ..errors import ConfigurationError
 from .measure import measure as measure_transports
-from .protocol import PROTOCOL_VERSION
-from .statefile import read_state
-from .transport_choice import candidates_for, choose, record
+from ..protocol import PROTOCOL_VERSION
+from .state_file import read_state
+from .transport_select import candidates_for, choose, record
 
 
 @dataclass

@@ -31,18 +31,19 @@ from datetime import datetime, timezone
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from . import __version__, wsl
-from .client import Connection, _dealer
-from .config import WORKER_DEFAULTS, get_config
-from .connect import default_connection_file, read_connection_file
-from .errors import BridgeError, ConfigurationError, ProtocolError, WorkerUnavailable
-from .host import ExclusiveLock, doorbell_path, exited, make_private_folder, terminate
-from .launch import spawn, wait_ready, worker_argv
+from .. import __version__
+from . import wsl
+from ..client.connection import Connection, _dealer
+from ..config import WORKER_DEFAULTS, get_config
+from ..runtime.connection_file import default_connection_file, read_connection_file
+from ..errors import BridgeError, ConfigurationError, ProtocolError, WorkerUnavailable
+from ..runtime.private_files import ExclusiveLock, doorbell_path, exited, make_private_folder, terminate
+from .launcher import spawn, wait_ready, worker_argv
 from .measure import measure as measure_transports
-from .progress import format_seconds, waiting
-from .protocol import Session, new_id
-from .statefile import read_state, state_path, write_state
-from .transport_choice import candidates_for, choose, client_transport, current_record, record
+from ..progress import format_seconds, waiting
+from ..protocol import Session, new_id
+from .state_file import read_state, state_path, write_state
+from .transport_select import candidates_for, choose, client_transport, current_record, record
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 STOP_TIMEOUT = 15.0
@@ -242,8 +243,8 @@ def find_wsl_exe():
 
 
 def run_probe(*, python, use_wsl, distro=None, wsl_exe=None, params=None, timeout=PROBE_TIMEOUT):
-    """Run ``_probe.py`` with the worker's Python (inside WSL, or here); its JSON, or raise ServiceError."""
-    source = wsl.probe_source((Path(__file__).with_name("_probe.py")).read_text(), params or {})
+    """Run ``probe_script.py`` with the worker's Python (inside WSL, or here); its JSON, or raise ServiceError."""
+    source = wsl.probe_source((Path(__file__).with_name("probe_script.py")).read_text(), params or {})
     argv = wsl.python_code_argv(python, source)
     if use_wsl:
         argv = wsl.wsl_command(argv, distro=distro, wsl_exe=wsl_exe or find_wsl_exe())

@@ -21,10 +21,10 @@ import re
 import signal
 from pathlib import Path
 
-from .connect import read_connection_file
-from .errors import ConfigurationError, WorkerUnavailable
-from .host import ExclusiveLock, pid_alive, runtime_folder, terminate
-from .launch import spawn, wait_ready, worker_argv
+from ..runtime.connection_file import read_connection_file
+from ..errors import ConfigurationError, WorkerUnavailable
+from ..runtime.private_files import ExclusiveLock, pid_alive, runtime_folder, terminate
+from .launcher import spawn, wait_ready, worker_argv
 
 _NAME = re.compile(r"^local-(\d+)\.json$")
 _stopped_at_exit = set()

@@ -9,8 +9,8 @@ import time
 
 import numpy as np
 
-from .client import Connection
-from .progress import waiting
+from ..client.connection import Connection
+from ..progress import waiting
 
 MB = 1_000_000
 

@@ -8,7 +8,7 @@ Written atomically and owner-only.
 import json
 from pathlib import Path
 
-from .host import write_private_file
+from ..runtime.private_files import write_private_file
 
 
 def state_path(connection_file):

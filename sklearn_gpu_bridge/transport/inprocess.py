@@ -3,7 +3,7 @@
 Inside a process that has cuML and a GPU of its own (a dask-cuda worker: one
 process per GPU, ``CUDA_VISIBLE_DEVICES`` set by dask-cuda), a second process
 and a round trip per call buy nothing. :class:`InProcess` answers the same
-operations as :class:`~sklearn_gpu_bridge.client.Connection` with the worker's
+operations as :class:`~sklearn_gpu_bridge.client.connection.Connection` with the worker's
 own backend, run here: the same parameter checks and translation, the same
 encoding of arguments and results (so the same dtypes, sparse handling and
 types come back), and the same portable fitted state. Only the transport is
@@ -18,11 +18,11 @@ import sys
 import threading
 from collections import Counter
 
-from .catalogue import is_cuml_alias
-from .config import get_setting
-from .errors import ConfigurationError
-from .protocol import PROTOCOL_VERSION, Capabilities, to_plain
-from .protocol.arrays import Decoder, Encoder
+from ..catalogue import is_cuml_alias
+from ..config import get_setting
+from ..errors import ConfigurationError
+from ..protocol import PROTOCOL_VERSION, Capabilities, to_plain
+from ..protocol.arrays import Decoder, Encoder
 
 EXECUTION_MODES = ("auto", "worker", "in_process")
 
@@ -45,7 +45,7 @@ def _cuml_importable():
     module = sys.modules.get("cuml")
     if module is not None and not is_cuml_alias(module):
         return True
-    from .cuml_alias import real_cuml_importable
+    from ..accel.cuml_alias import real_cuml_importable
 
     return real_cuml_importable()
 
@@ -82,7 +82,7 @@ class InProcess:
     process = None
 
     def __init__(self, backend="cuml"):
-        from .worker.backends import make_backend  # cuML is imported here, once per process
+        from ..worker.backends import make_backend  # cuML is imported here, once per process
 
         self.backend, _ = make_backend(backend)  # "sklearn": the same path on the CPU, for tests
         self.backend.warm_up()
@@ -107,7 +107,7 @@ class InProcess:
         caller's arrays; another (the CPU one) gets copies, since its fitted
         model may keep what it was given.
         """
-        from .client import features_as_sent
+        from ..client.connection import features_as_sent
 
         encoder = Encoder()
         encoded = encoder.encode([features_as_sent(args, self.capabilities.float_dtype), kwargs])
@@ -139,7 +139,7 @@ class InProcess:
     # ------------------------------------------------------------ operations (as Connection's)
 
     def fit(self, estimator, params, method, args, kwargs, changed=(), params_from=None, finite=False):
-        from .client import Fitted
+        from ..client.connection import Fitted
 
         self.backend.check_fit(estimator, method)
         args, kwargs = self._arguments(args, kwargs)

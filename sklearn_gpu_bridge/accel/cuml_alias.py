@@ -23,7 +23,7 @@ import types
 import warnings
 from pathlib import Path
 
-from .catalogue import ALIAS_MARKER, ESTIMATORS
+from ..catalogue import ALIAS_MARKER, ESTIMATORS
 
 #: cuML's top-level names among the wrapped classes (cuml/__init__.py of 26.10): all but these
 NOT_AT_TOP_LEVEL = {
@@ -152,7 +152,7 @@ def _with_infrastructure(wrapper):
 
 def alias_class(name):
     """The ``GPU<name>`` wrapper as cuML's class: cuML's name and module, cuML's arguments."""
-    from . import estimators
+    from .. import estimators
 
     wrapper = getattr(estimators, "GPU" + name)
     module = f"cuml.{ESTIMATORS[name].module}"
@@ -178,7 +178,7 @@ def alias_class(name):
 
 def _version():
     """The worker's cuML version (asked on first use)."""
-    from .client import get_connection
+    from ..client.connection import get_connection
 
     versions = get_connection().capabilities.versions
     return versions.get("cuml") or f"none (sklearn-gpu-bridge {versions.get('sklearn-gpu-bridge')}: the worker " \
@@ -289,13 +289,13 @@ def pth_path():
 
 def install_pth():
     """Write the ``.pth`` that enables the alias at every start-up of this environment's Python."""
-    from .errors import ConfigurationError
+    from ..errors import ConfigurationError
 
     if real_cuml_importable():
         raise ConfigurationError("a real cuML is importable in this environment: `import cuml` already runs "
                                  "cuML itself, and the alias would never be used; nothing was installed")
     path = pth_path()
-    path.write_text("import sklearn_gpu_bridge.cuml_alias as _alias; _alias.enable()\n")
+    path.write_text("import sklearn_gpu_bridge.accel.cuml_alias as _alias; _alias.enable()\n")
     return path
 
 

@@ -18,10 +18,10 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .config import ENV_ACCEL, WORKER_DEFAULTS
-from .connect import read_connection_file
-from .errors import ConfigurationError, WorkerUnavailable
-from .host import open_append_private
+from ..config import ENV_ACCEL, WORKER_DEFAULTS
+from ..runtime.connection_file import read_connection_file
+from ..errors import ConfigurationError, WorkerUnavailable
+from ..runtime.private_files import open_append_private
 
 READY_POLL = 0.05
 

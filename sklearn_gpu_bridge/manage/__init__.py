@@ -1,0 +1,1 @@
+"""Running workers: launching one, the local worker, the background service, WSL, transport selection, doctor."""
