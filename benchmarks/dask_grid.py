@@ -49,8 +49,7 @@ ENV_EXECUTION = "SKLEARN_GPU_BRIDGE_EXECUTION"
 
 def where_am_i():
     """This process: pid, Dask worker, its GPU (dask-cuda puts the worker's own first) and execution mode."""
-    mode_of = getattr(sgb, "execution_mode", None)  # older trees lack it
-    mode = mode_of() if mode_of else {"mode": "worker", "reason": "no execution_mode() in this tree", "gpu": None}
+    mode = sgb.execution_mode()
     try:
         from distributed import get_worker
 
@@ -167,12 +166,8 @@ def warm_cluster(client, n_cols):
 
 def cuml_in_this_process():
     """Whether a real cuML (not the bridge's alias of it) imports here."""
-    try:
-        from sklearn_gpu_bridge.inprocess import _cuml_importable
-    except ImportError:  # an older tree: whether a module named cuml is there at all
-        import importlib.util
+    from sklearn_gpu_bridge.client.discovery import _cuml_importable
 
-        return importlib.util.find_spec("cuml") is not None
     return bool(_cuml_importable())
 
 
@@ -246,7 +241,7 @@ def main():
     parser.add_argument("--no-baselines", action="store_true", help="skip the searches without Dask")
     parser.add_argument("--no-scatter-run", action="store_true",
                         help="skip the extra search with X and y not scattered up front")
-    parser.add_argument("--out", default=None)
+    parser.add_argument("--out", default=None, help="JSON file (default: dask-grid-<host>.json here)")
     args = parser.parse_args()
     from distributed import Client
 
@@ -260,22 +255,20 @@ def main():
         report["gpus"] = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout.splitlines()
 
     # no Dask: the bridge as a single-GPU user meets it, then cuML in this process (the Dask worker's mode)
-    has_execution = hasattr(sgb, "execution_mode") and hasattr(sgb, "config_context")
     ways = [("bridge, no Dask", "worker")]
-    if has_execution and not args.cpu and cuml_in_this_process():
+    if not args.cpu and cuml_in_this_process():
         ways.append(("cuML in process, no Dask", "in_process"))
     else:
-        report["in_process_skipped"] = "--cpu" if args.cpu else "no cuML here, or no execution setting in this tree"
+        report["in_process_skipped"] = "--cpu" if args.cpu else "no cuML here"
     for label, execution in ([] if args.no_baselines else ways):
-        getattr(sgb, "reset_connection", lambda: None)()
-        context = sgb.config_context(execution=execution) if has_execution else contextlib.nullcontext()
-        with context:
+        sgb.reset_connection()
+        with sgb.config_context(execution=execution):
             warm(n_cols=args.cols)
             for candidates in args.candidates:
                 run = timed_search(candidates, X, y, n_jobs=1, sample_gpus=sample_gpus, repeats=args.repeats)
                 report["runs"][f"{label}, {candidates} candidates"] = run
                 print(f"{label:<28} {candidates:>3} candidates: {run['seconds']:7.2f} s  {run['modes']}", flush=True)
-        getattr(sgb, "reset_connection", lambda: None)()
+        sgb.reset_connection()
 
     forced = None if args.dask_execution == "auto" else args.dask_execution
     for gpus in args.gpus:
@@ -306,7 +299,6 @@ def main():
             if one and many and gpus > 1:
                 ratio = one["seconds"] / many["seconds"]
                 report["scaling"].setdefault(str(candidates), {})[str(gpus)] = ratio
-                report[f"speedup {gpus} GPUs over 1, {candidates} candidates"] = ratio  # the earlier runs' key
         if one and bridge:
             report[f"dask 1 GPU over bridge, {candidates} candidates"] = one["seconds"] / bridge["seconds"]
     print(summary(report, args))

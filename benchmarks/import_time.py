@@ -9,7 +9,7 @@ is kept), timed inside the process around the import alone:
 
 The package's own share is first use minus ``import sklearn.svm, zmq``.
 
-    python benchmarks/import_time.py --out benchmarks/results/import-time-cpu.json
+    python benchmarks/import_time.py --out benchmarks/results/cpu/import-time.json
     python benchmarks/import_time.py --python OTHER/bin/python ...   # another checkout's venv, to compare
 """
 

@@ -22,8 +22,8 @@ Targets (a benchmark, not a test; evaluated in the JSON under "targets"):
 the 5000x20 overhead at most 1 ms (median), and a 51 MB fit_transform at
 most 20 ms slower than in process.
 
-    python benchmarks/overhead.py --backend sklearn --out benchmarks/results/overhead-sklearn-cpu.json
-    python benchmarks/overhead.py --backend cuml      # on the GPU machine
+    python benchmarks/overhead.py --backend sklearn --out benchmarks/results/cpu/overhead.json
+    python benchmarks/overhead.py --backend cuml --out benchmarks/results/gpu-h200/overhead.json
 """
 
 import argparse
@@ -43,8 +43,8 @@ from pathlib import Path
 import numpy as np
 
 import sklearn_gpu_bridge
-from sklearn_gpu_bridge.launch import LaunchedWorker
 from sklearn_gpu_bridge import parallel
+from sklearn_gpu_bridge.manage.launcher import LaunchedWorker
 from sklearn_gpu_bridge.protocol import INLINE_MAX
 
 MB = 1_000_000
@@ -54,14 +54,13 @@ INLINE_BYTES = (4 * 1024, INLINE_MAX)  # inline is used up to INLINE_MAX bytes o
 DTYPE = np.float32  # what the bridge sends to cuML; used for every backend so that sizes match
 TARGET_OVERHEAD_MS = 1.0
 TARGET_51MB_EXTRA_MS = 20.0
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 # ---------------------------------------------------------------- the worker
 
 
 class WorkerProcess(LaunchedWorker):
-    """A worker in a temp folder (launch.LaunchedWorker); the folder goes when it stops."""
+    """A worker in a temp folder (LaunchedWorker); the folder goes when it stops."""
 
     def __init__(self, backend, startup_timeout):
         super().__init__(tempfile.mkdtemp(prefix="sgb-bench-"), backend=backend, timeout=startup_timeout,
@@ -77,7 +76,7 @@ def use_transport(connection_file, transport):
     """Point the client at the worker with the pool on ("auto") or off (frames); a fresh connection.
 
     The array cache is off: the same array is sent again and again here, and the
-    transport, not the cache, is what is measured (e2e.py's grid measures the cache).
+    transport, not the cache, is what is measured.
     """
     sklearn_gpu_bridge.reset_connection()
     sklearn_gpu_bridge.set_config(
@@ -158,7 +157,7 @@ def measure_latency(connection_file, repeats, warmup):
     """The floors under every call.
 
     ping: a quick op on the connection's own socket, answered by the worker's
-    main thread (the private ``_roundtrip``: the public ``ping`` opens a new
+    main thread (``transport.roundtrip``: the public ``ping`` opens a new
     socket each time, as the heartbeat does, and is timed separately);
     status: a quick op that also asks the backend for its versions;
     echo with no arrays: a work op, through the worker's executor thread.
@@ -168,7 +167,7 @@ def measure_latency(connection_file, repeats, warmup):
     conn = use_transport(connection_file, "pool")
 
     def ping():
-        conn._roundtrip({"op": "ping"}, timeout=10.0)
+        conn.transport.roundtrip({"op": "ping"}, timeout=10.0)
 
     def after_idle(fn):
         times = []
@@ -382,7 +381,7 @@ def parse_args(argv=None):
     parser.add_argument("--startup-timeout", type=float, default=300.0,
                         help="seconds to wait for the worker to be ready (cuML warms up) (default: %(default)s)")
     parser.add_argument("--out", default=None,
-                        help="JSON file (default: benchmarks/results/overhead-<backend>-<host>.json)")
+                        help="JSON file (default: overhead-<backend>-<host>.json here)")
     args = parser.parse_args(argv)
     args.transports = [t.strip() for t in args.transports.split(",") if t.strip()]
     if not set(args.transports) <= {"pool", "frames"} or not args.transports:
@@ -437,7 +436,7 @@ def main(argv=None):
         sklearn_gpu_bridge.reset_connection()
         worker.stop()
     print_report(report)
-    out = Path(args.out) if args.out else RESULTS / f"overhead-{backend}-{socket.gethostname()}.json"
+    out = Path(args.out or f"overhead-{backend}-{socket.gethostname()}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1) + "\n")
     print(f"\nwrote {out}")

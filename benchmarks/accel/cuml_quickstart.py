@@ -1,6 +1,6 @@
 """The original system's quickstart, unmodified: cuML code on a machine without cuML."""
-import numpy as np
 import cuml
+import numpy as np
 from cuml.preprocessing import StandardScaler
 from cuml.svm import SVC
 
