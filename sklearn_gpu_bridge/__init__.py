@@ -4,10 +4,8 @@ Importing the package is cheap: the settings and errors load now; the
 ``GPU*`` wrappers (and with them scikit-learn and ZeroMQ) load on first use.
 """
 
-__version__ = "0.1.0"
-
-from .config import config_context, get_config, set_config  # noqa: E402
-from .errors import (  # noqa: E402
+from .config import config_context, get_config, set_config
+from .errors import (
     BridgeError,
     ConfigurationError,
     ProtocolError,
@@ -16,6 +14,7 @@ from .errors import (  # noqa: E402
     WorkerLost,
     WorkerUnavailable,
 )
+from .version import __version__ as __version__
 
 _FROM_CLIENT = ("get_connection", "reset_connection")
 
@@ -32,7 +31,7 @@ def __getattr__(name):
 
         return getattr(client, name)
     if name == "execution_mode":
-        from .transport.inprocess import execution_mode
+        from .client.discovery import execution_mode
 
         return execution_mode
     if name.startswith("GPU"):
@@ -48,6 +47,7 @@ def __dir__():
 
 __all__ = [
     "BridgeError", "ConfigurationError", "ProtocolError", "RemoteError", "VersionMismatch", "WorkerLost",
-    "WorkerUnavailable", "config_context", "execution_mode", "get_config", "get_connection", "reset_connection", "set_config",
+    "WorkerUnavailable", "config_context", "execution_mode", "get_config", "get_connection", "reset_connection",
+    "set_config",
     *_wrappers(),
 ]
