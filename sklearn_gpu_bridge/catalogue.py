@@ -13,6 +13,7 @@ Shared by both sides: imports nothing of the package.
 """
 
 import importlib
+import sys
 from typing import NamedTuple
 
 #: methods that create the remote estimator (op "fit"); the others run on a fitted one (op "call")
@@ -132,10 +133,19 @@ def load(path):
     return getattr(importlib.import_module(module), name)
 
 
-#: set on the ``cuml`` module that sklearn-gpu-bridge's alias provides (:mod:`.cuml_alias`)
+#: set on the ``cuml`` module that sklearn-gpu-bridge's alias provides (:mod:`.accel.cuml_alias`)
 ALIAS_MARKER = "__sklearn_gpu_bridge__"
 
 
 def is_cuml_alias(module):
-    """Whether a ``cuml`` module is this package's alias, not cuML itself."""
+    """Whether a ``cuml`` module (or the finder that serves it) is this package's alias, not cuML itself."""
     return bool(getattr(module, ALIAS_MARKER, False))
+
+
+def real_cuml_importable():
+    """Whether a real cuML is importable here (this package's alias finder set aside)."""
+    for finder in sys.meta_path:
+        find = getattr(finder, "find_spec", None)
+        if not is_cuml_alias(finder) and find is not None and find("cuml", None) is not None:
+            return True
+    return False

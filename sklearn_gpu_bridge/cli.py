@@ -8,6 +8,8 @@ however it is started. Defaults come from :mod:`.config`.
 
 import logging
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import click
 
@@ -21,7 +23,7 @@ BACKENDS = click.Choice(["auto", "cuml", "sklearn"])
 
 @click.group(context_settings={"auto_envvar_prefix": ENVVAR_PREFIX, "show_default": True, "max_content_width": 120})
 @click.version_option(package_name="sklearn-gpu-bridge")
-def main():
+def main() -> None:
     """scikit-learn estimators that run on cuML in a worker process."""
 
 
@@ -73,11 +75,10 @@ _device_memory_option = click.option(
 @click.option("--watch-ms", default=W["watch_ms"], type=click.FloatRange(0),
               help="Milliseconds a worker thread keeps watching for the next request of a client on this host "
                    "that spins for its replies (one core busy meanwhile, only while the worker has nothing else "
-                   "to do); then it sleeps until the client rings. 0: sleep at once. A 200 ms watch took up to "
-                   "0.85 ms off small calls on the H200 machine, less than they vary between runs, for 8x the "
-                   "worker's CPU (README, benchmarks/idle_gap.py).")
+                   "to do); then it sleeps, and the client rings to wake it. 0: sleep at once.")
 @click.option("--log-level", default=W["log_level"], type=LOG_LEVELS)
-def worker(backend, device_memory, connection_file, parent_pid, log_level, **settings):
+def worker(backend: str, device_memory: str, connection_file: str, parent_pid: int | None, log_level: str,
+           **settings: Any) -> None:
     """Run a worker in this process until SIGINT, SIGTERM or a shutdown request."""
     from .errors import ConfigurationError
     from .worker import Worker, check_settings, make_backend
@@ -105,7 +106,7 @@ def worker(backend, device_memory, connection_file, parent_pid, log_level, **set
 @click.argument("directory", type=click.Path(file_okay=False))
 @click.option("--name", default="worker", show_default=True, help="File names: NAME.key and NAME.key_secret.")
 @click.option("--force", is_flag=True, help="Replace key files that exist.")
-def keys(directory, name, force):
+def keys(directory: str, name: str, force: bool) -> None:
     """Make a CurveZMQ keypair for a worker that binds beyond loopback.
 
     Writes DIRECTORY/NAME.key_secret (owner-only: pass it to `worker --curve-secret-key`)
@@ -123,7 +124,7 @@ def keys(directory, name, force):
 
 @main.command(short_help="Pipeline + GridSearchCV on scikit-learn's digits, timed.")
 @click.option("--repeats", default=3, type=click.IntRange(1), help="Timed repeats per step.")
-def demo(repeats):
+def demo(repeats: int) -> None:
     """Pipeline + GridSearchCV on scikit-learn's digits, through the bridge and in process, timed.
 
     With no worker configured it starts a local worker of its own (cuML where it can be imported,
@@ -135,7 +136,7 @@ def demo(repeats):
 
 
 # ---------------------------------------------------------------- a worker in the background
-# start / stop / status / doctor / autostart: the work is in service.py, doctor.py and wsl.py;
+# start / stop / status / doctor / autostart: the work is in manage/ (service.py, doctor.py, wsl.py);
 # settings shared with the client (connection file, transport, WSL distro and Python) default
 # to sklearn_gpu_bridge.get_config(), so set_config and SKLEARN_GPU_BRIDGE_<SETTING> reach them.
 
@@ -143,12 +144,12 @@ _CONNECTION_FILE_HELP = ("Connection file of the worker. Default: the setting co
                          "(SKLEARN_GPU_BRIDGE_CONNECTION_FILE), else the default file that clients read.")
 
 
-def _connection_file_option(function):
+def _connection_file_option(function: Callable) -> Callable:
     return click.option("--connection-file", type=click.Path(dir_okay=False), default=None,
                         help=_CONNECTION_FILE_HELP)(function)
 
 
-def _wsl_options(function):
+def _wsl_options(function: Callable) -> Callable:
     function = click.option("--python", default=None,
                             help="The worker's Python (inside WSL with --wsl). Default: this Python here; "
                                  "with --wsl the setting wsl_python (python3).")(function)
@@ -159,7 +160,7 @@ def _wsl_options(function):
                         help="Windows: run the worker inside WSL2 through wsl.exe.")(function)
 
 
-def _print_status(result):
+def _print_status(result: dict[str, Any]) -> None:
     from .manage.service import format_status
 
     click.echo(format_status(result))
@@ -174,7 +175,8 @@ def _print_status(result):
 @click.option("--log-level", default=W["log_level"], type=LOG_LEVELS)
 @click.option("--threads", default=W["threads"], type=click.IntRange(1), help="Estimator calls run at once.")
 @_device_memory_option
-@click.option("--port", default=W["port"], type=click.IntRange(0, 65535), help="TCP port on 127.0.0.1; 0 picks a free one.")
+@click.option("--port", default=W["port"], type=click.IntRange(0, 65535),
+              help="TCP port on 127.0.0.1; 0 picks a free one.")
 @click.option("--pool-dir", "pool_dirs", multiple=True, type=click.Path(file_okay=False),
               help="Extra folder where the worker finds clients' pools (repeatable).")
 @_wsl_options
@@ -182,15 +184,17 @@ def _print_status(result):
               help="Seconds to wait for the worker to be ready. Default: the setting startup_timeout.")
 @click.option("--measure/--no-measure", default=None,
               help="Measure the transport paths once ready (default: with --wsl) for transport=auto.")
-def start(backend, connection_file, log_file, log_level, threads, device_memory, port, pool_dirs, use_wsl, distro,
-          python, startup_timeout, measure):
+def start(backend: str, connection_file: str | None, log_file: str | None, log_level: str, threads: int,
+          device_memory: str, port: int, pool_dirs: tuple[str, ...], use_wsl: bool, distro: str | None,
+          python: str | None, startup_timeout: float | None, measure: bool | None) -> None:
     """Start a worker in the background and wait until it is ready.
 
     With the default connection file, every Python process of this user (in any environment) uses
     this worker from then on instead of starting a local worker of its own; `sklearn-gpu-bridge stop`
     undoes that.
     """
-    from .manage.service import ServiceError, start as start_worker
+    from .manage.service import ServiceError
+    from .manage.service import start as start_worker
 
     try:
         result = start_worker(backend=backend, connection_file=connection_file, log_file=log_file,
@@ -208,7 +212,7 @@ def start(backend, connection_file, log_file, log_level, threads, device_memory,
     click.echo(_users_note(result))
 
 
-def _users_note(result):
+def _users_note(result: dict[str, Any]) -> str:
     """Who will use the worker from now on, and how not to (the default file reaches every process)."""
     if result.get("default_file"):
         return ("note: every Python process of this user, in any environment, now uses this worker instead of\n"
@@ -222,7 +226,7 @@ def _users_note(result):
 @_connection_file_option
 @click.option("--timeout", default=15.0, type=click.FloatRange(0),
               help="Seconds to wait for a clean stop before signals.")
-def stop(connection_file, timeout):
+def stop(connection_file: str | None, timeout: float) -> None:
     """Stop the background worker (a signed shutdown request, then signals).
 
     Removes the files `start` made for it (connection file, state file); its log stays, and its
@@ -247,7 +251,7 @@ def stop(connection_file, timeout):
 @main.command(short_help="Show the background worker. Exit code 0: running, 1: not.")
 @_connection_file_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (for scripts).")
-def status(connection_file, as_json):
+def status(connection_file: str | None, as_json: bool) -> None:
     """The background worker: backend, versions, GPU, handles, uptime, transport in use, which
     processes use it, log file.
 
@@ -278,7 +282,8 @@ def status(connection_file, as_json):
 @click.option("--measure/--no-measure", default=True, help="Measure latency and throughput per transport path.")
 @click.option("--quick", is_flag=True, help="Fewer and smaller transfers.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (for scripts).")
-def doctor(connection_file, use_wsl, distro, python, measure, quick, as_json):
+def doctor(connection_file: str | None, use_wsl: bool | None, distro: str | None, python: str | None, measure: bool,
+           quick: bool, as_json: bool) -> None:
     """Check each link from here to the GPU; every failure prints the command that fixes it.
 
     Exit code 0: no check failed (warnings allowed); 1: a check failed.
@@ -299,7 +304,7 @@ def doctor(connection_file, use_wsl, distro, python, measure, quick, as_json):
 
 
 @main.group(short_help="Windows: start the worker inside WSL2 at logon.")
-def autostart():
+def autostart() -> None:
     """Windows: start the worker inside WSL2 at logon of the current user (no administrator rights)."""
 
 
@@ -308,12 +313,10 @@ def autostart():
 @click.option("--python", default=None, help="The worker's Python inside WSL. Default: the setting wsl_python.")
 @click.option("--backend", default=W["backend"], type=BACKENDS)
 @click.option("--log-level", default=W["log_level"], type=LOG_LEVELS)
-def autostart_install(distro, python, backend, log_level):
+def autostart_install(distro: str | None, python: str | None, backend: str, log_level: str) -> None:
     """Add `sklearn-gpu-bridge start --wsl ...` to the current user's Run key (HKCU)."""
-    import sys
-
-    from .manage import wsl
     from .config import get_config
+    from .manage import wsl
 
     config = get_config()
     args = ["--wsl", "--backend", backend, "--log-level", log_level]
@@ -330,7 +333,7 @@ def autostart_install(distro, python, backend, log_level):
 
 
 @autostart.command("remove", short_help="Remove the Run key entry; a running worker keeps running.")
-def autostart_remove():
+def autostart_remove() -> None:
     """Remove the Run key entry (a running worker keeps running: `sklearn-gpu-bridge stop`)."""
     from .manage import wsl
 
@@ -342,7 +345,7 @@ def autostart_remove():
 
 
 @main.group(short_help="Make `import cuml` work in this environment, through the bridge.")
-def alias():
+def alias() -> None:
     """`import cuml` in this environment (which has no cuML) runs on the bridge's worker.
 
     A `.pth` file in the environment's site-packages enables it at every start-up; it
@@ -352,7 +355,7 @@ def alias():
 
 
 @alias.command("install", short_help="Write the .pth that enables the alias in this environment.")
-def alias_install():
+def alias_install() -> None:
     """Write the .pth file that makes `import cuml` work in the active environment."""
     from .accel import cuml_alias
     from .errors import ConfigurationError
@@ -366,7 +369,7 @@ def alias_install():
 
 
 @alias.command("uninstall", short_help="Remove the alias's .pth from this environment.")
-def alias_uninstall():
+def alias_uninstall() -> None:
     """Remove the .pth file; `import cuml` fails again here, as it did before."""
     from .accel import cuml_alias
 

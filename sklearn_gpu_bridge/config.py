@@ -16,7 +16,9 @@ Shared by both sides: imports nothing of the package.
 
 import os
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 ENV_PREFIX = "SKLEARN_GPU_BRIDGE_"
 #: environment prefix of the worker's options, whichever command starts it
@@ -41,11 +43,9 @@ DEFAULTS = {
     "startup_timeout": 300.0,
     # seconds without an answer to a ping before a worker is declared lost
     "heartbeat_timeout": 3.0,
-    # how bulk arrays travel: auto (what `doctor`/`start` measured fastest for the running
-    # worker, else the pool where the worker can map it) | pool | frames (no pool); see transport_choice.py
+    # how bulk arrays travel: auto (the fastest `doctor`/`start` measured, else the pool) | pool | frames
     "transport": "auto",
-    # arrays the worker already holds are not sent again (a content fingerprint names them):
-    # auto (on when arrays travel as frames; with the pool, a memcpy is cheaper than hashing) | on | off
+    # skip arrays the worker already holds: auto (on with frames; a pool memcpy is cheaper than hashing) | on | off
     "array_cache": "auto",
     # ... for arrays of at least this many bytes
     "cache_min_bytes": 1 << 20,
@@ -55,24 +55,17 @@ DEFAULTS = {
     "wsl_distro": None,
     # ... and the worker's Python inside it (a virtualenv's bin/python, for example)
     "wsl_python": "python3",
-    # a fitted model that can reach no worker answers with the scikit-learn model it
-    # carries (with a RuntimeWarning) instead of raising WorkerUnavailable; fits never do
+    # a fitted model that reaches no worker answers on the CPU with a RuntimeWarning (fits never do): bool
     "cpu_fallback": False,
-    # when a fitted model's state is copied to the client: "lazy" (first read of a fitted
-    # attribute, pickling) or "eager" (right after each fit: models outlive their worker)
+    # when fitted state is copied to the client: lazy (first read, pickling) | eager (after each fit)
     "state_sync": "lazy",
-    # float64 input to a worker that computes in float32 (cuML): "float32" sends it as float32 (half the
-    # bytes, cuML's speed); "native" sends it as float64, and cuML computes in float64 as in-process cuML would
+    # float64 input to a float32 worker (cuML): float32 (half the bytes) | native (sent and computed as float64)
     "precision": "float32",
-    # where GPU* calls run: "auto" (cuML in this process inside a Dask worker that has cuML, dask-cuda's
-    # one GPU per worker; a bridge worker everywhere else) | "worker" | "in_process"; read at first use
+    # where GPU* calls run: auto (in process inside a Dask worker with cuML, else a worker) | worker | in_process
     "execution": "auto",
-    # how a call waits for its reply from a worker on this host (memfd pool): "spin" watches the pool for the
-    # reply for up to 10 ms before sleeping on the socket (no thread has to be woken: 0.37 ms less a small case
-    # on the H200 machine, on average), "sleep" sleeps at once, "auto" spins beside a cuML worker on 4+ cores
+    # how a call waits for a local worker's reply: spin (watch the pool up to 10 ms, then sleep) | sleep | auto
     "reply_wait": "auto",
-    # this client's CurveZMQ secret key file for a worker beyond loopback whose --curve-allow lists
-    # its public key; None: the key derived from the signing key
+    # this client's CurveZMQ secret key file for a worker beyond loopback; None: derived from the signing key
     "curve_secret_key": None,
 }
 
@@ -80,28 +73,17 @@ DEFAULTS = {
 DEVICE_MEMORY_KINDS = ("async", "async-cupy", "cuda")
 
 WORKER_DEFAULTS = {
-    # where to listen: "ipc" (a socket in this user's private folder: clients on this host), a loopback
-    # address for TCP (WSL2 to Windows; PLAIN, password from the key), or any other (needs curve_secret_key)
+    # where to listen: ipc (this user's private socket) | a loopback address (TCP, PLAIN) | any other (CurveZMQ)
     "bind": "ipc",
     # TCP port; 0 picks a free one
     "port": 0,
     # auto (cuML when importable, else scikit-learn on the CPU) | cuml | sklearn
     "backend": "auto",
-    # how a cuML worker allocates device memory: "async-cupy" (CUDA's stream-ordered pool, cudaMallocAsync, as
-    # dask-cuda's --rmm-async: a freed array is reused without waiting for the device; CuPy's arrays from CuPy's
-    # own stream-ordered allocator, not RMM's Python one: 0.2-0.3 ms less a small call in process, H200,
-    # results/gpu-h200-1127b/) | "async" (the same pool, CuPy's arrays through RMM) | "cuda" (cudaMalloc and
-    # cudaFree per array, cuML's default; cudaFree waits for the whole device)
+    # device memory of a cuML worker: async-cupy (stream-ordered pool, CuPy's own allocator) | async | cuda
     "device_memory": "async-cupy",
-    # milliseconds a worker thread watches a request slot after its reply, for a client on this host that spins
-    # for its replies, while no other request runs or waits; then it sleeps until the client rings (0: at once).
-    # A fit+predict pair's second call comes within a millisecond. 200 (LLVM OpenMP's KMP_BLOCKTIME) was measured
-    # on the H200 machine: timed as the README's table times, 0.04-0.85 ms less in 5 of 6 small cases (means of two
-    # runs, which differ by 1-3 ms), mixed after each kind of pause in idle_gap.py, and the worker used 8x the CPU
-    # (results/gpu-h200-1125g/)
+    # ms a worker thread watches a local spinning client's request slot after its reply before sleeping; 0: none
     "watch_ms": 3.0,
-    # estimator calls run at once (of all clients; admitted by device memory on the GPU): cuML's fits overlap
-    # on one GPU, a GridSearchCV's n_jobs=4 took 3.4 s against 5.4 s with one job (H100, 4 threads)
+    # estimator calls run at once, of all clients (cuML's fits overlap on one GPU)
     "threads": 4,
     # folders where clients' shared-memory pools may be found (besides /dev/shm and the temp folder)
     "pool_dirs": (),
@@ -111,8 +93,7 @@ WORKER_DEFAULTS = {
     "curve_allow": None,
     # file holding the signing key in hex (owner-only); None: a fresh random key
     "key_file": None,
-    # seconds of silence after which a client whose process cannot be watched is freed (0: never);
-    # such a client pings every quarter of it while idle
+    # seconds of silence before an unwatchable client is freed (0: never); it pings every quarter of it
     "client_timeout": 10.0,
     # requests one client may have waiting; more are refused at once
     "max_queued": 64,
@@ -125,8 +106,8 @@ WORKER_DEFAULTS = {
 }
 
 _lock = threading.Lock()
-_overrides = {}
-_env_before = {}  # the environment's own connection file, while set_config's stands in for it
+_overrides: dict[str, Any] = {}
+_env_before: dict[str, str | None] = {}  # the environment's own connection file, while set_config's stands in for it
 _BOOL_WORDS = {"1": True, "true": True, "yes": True, "on": True,
                "0": False, "false": False, "no": False, "off": False}
 
@@ -146,14 +127,14 @@ def _from_env(name, default):
     return raw
 
 
-def get_config():
+def get_config() -> dict[str, Any]:
     """The client settings in force: Python overrides, then environment, then defaults."""
     with _lock:
         overrides = dict(_overrides)
     return {k: overrides[k] if k in overrides else _from_env(k, v) for k, v in DEFAULTS.items()}
 
 
-def get_setting(name):
+def get_setting(name: str) -> Any:
     """One setting as :func:`get_config` gives it (cheap enough for every call)."""
     with _lock:
         if name in _overrides:
@@ -161,7 +142,7 @@ def get_setting(name):
     return _from_env(name, DEFAULTS[name])
 
 
-def is_explicit(name):
+def is_explicit(name: str) -> bool:
     """Whether the user set ``name`` (in Python or the environment), rather than leaving the default."""
     with _lock:
         if name in _overrides:
@@ -169,7 +150,7 @@ def is_explicit(name):
     return ENV_PREFIX + name.upper() in os.environ
 
 
-def set_config(**settings):
+def set_config(**settings: Any) -> None:
     """Change settings for this process (``None`` goes back to env/default)."""
     unknown = set(settings) - set(DEFAULTS)
     if unknown:
@@ -200,7 +181,7 @@ def _export_connection_file(path):
 
 
 @contextmanager
-def config_context(**settings):
+def config_context(**settings: Any) -> Iterator[None]:
     """Change settings inside a ``with`` block, and put back after it what those settings were before it.
 
     Only those: a setting changed meanwhile by ``set_config`` (in another thread, or inside the block) stays

@@ -18,7 +18,7 @@ from sklearn.pipeline import Pipeline
 from sklearn.preprocessing import StandardScaler
 from sklearn.svm import SVC
 
-from .client.connection import get_connection
+from .client import get_connection
 from .estimators import GPUPCA, GPUSVC, GPUStandardScaler
 
 GRID = {"svm__C": [1, 10, 100], "svm__gamma": ["scale", 0.005]}

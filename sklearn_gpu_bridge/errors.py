@@ -12,6 +12,8 @@ Shared by both sides: imports nothing of the package.
 
 import importlib
 import traceback
+from collections.abc import Callable, Mapping
+from typing import Any
 
 
 class BridgeError(Exception):
@@ -21,7 +23,7 @@ class BridgeError(Exception):
 class ConfigurationError(BridgeError, ValueError):
     """A setting, key or file was refused; the message says how to fix it (``fix``: the command, if one)."""
 
-    def __init__(self, message, fix=None):
+    def __init__(self, message: str, fix: str | None = None) -> None:
         super().__init__(message)
         self.fix = fix
 
@@ -64,11 +66,11 @@ class RemoteError(BridgeError):
 class RemoteTraceback(Exception):
     """Carries the worker's traceback text; set as ``__cause__`` of remote errors."""
 
-    def __init__(self, text):
+    def __init__(self, text: str) -> None:
         super().__init__(text)
         self.text = text
 
-    def __str__(self):
+    def __str__(self) -> str:
         return f"\n\n--- traceback on the worker ---\n{self.text}"
 
 
@@ -80,7 +82,7 @@ SAFE_MODULES = frozenset({
 })
 
 
-def describe(exc, plain):
+def describe(exc: BaseException, plain: Callable[[Any], Any]) -> dict[str, Any]:
     """The fields of an error reply for ``exc``: its type's MRO, args, message and traceback.
 
     ``plain(value)`` turns the args into plain values or raises TypeError;
@@ -98,14 +100,14 @@ def describe(exc, plain):
     return {"mro": mro, "args": args, "message": message, "traceback": traceback.format_exc()}
 
 
-def _safe_class(module, name, base):
+def _safe_class(module: str, name: str, base: type) -> type | None:
     if module not in SAFE_MODULES:
         return None
     cls = getattr(importlib.import_module(module), name, None)
     return cls if isinstance(cls, type) and issubclass(cls, base) else None
 
 
-def rebuild(reply):
+def rebuild(reply: Mapping[str, Any]) -> Exception:
     """The worker's exception (an error reply) as its own type where that type is safe to build."""
     mro = reply.get("mro") or [("builtins", "Exception")]
     message = reply.get("message", "")
@@ -125,6 +127,6 @@ def rebuild(reply):
     return exc
 
 
-def warning_class(module, name):
+def warning_class(module: str, name: str) -> type[Warning]:
     """A warning category from the worker, or UserWarning where it is not safe to name."""
     return _safe_class(module, name, Warning) or UserWarning

@@ -1,9 +1,8 @@
 """Memory-bound work on large arrays, split over cores.
 
-One core's memcpy or sum does not reach a server's memory bandwidth: on the
-H100 machine (16 cores) a 200 MB copy takes 40 ms in one thread and 12 ms in
-eight (benchmarks/results/overhead-cuml-h100.json, "memcpy"). numpy releases
-the GIL while it copies or sums, so plain threads do it.
+One core's memcpy or sum does not reach a server's memory bandwidth: on a
+16-core server a 200 MB copy takes 40 ms in one thread and 12 ms in eight.
+numpy releases the GIL while it copies or sums, so plain threads do it.
 """
 
 import os
@@ -14,9 +13,8 @@ import numpy as np
 
 #: threads for large copies and checks
 THREADS = min(8, os.cpu_count() or 1)
-#: below this many bytes, one thread. The H100 machine's cores copy about 5 GB/s each: the 12.8 MB that
-#: NearestNeighbors(100k x 32) sends cost 2.5 ms to copy and 2 ms to check there in one thread. On a 2-core
-#: VM whose core copies 16 GB/s, splitting 4-16 MB costs about 0.05 ms more than one thread.
+#: below this many bytes, one thread: where a core copies 16 GB/s, splitting 4-16 MB costs more than it saves;
+#: where it copies 5 GB/s, 12.8 MB take 2.5 ms to copy and 2 ms to check in one thread.
 PARALLEL_MIN = 4 << 20
 
 _executor = None  # (pid, executor): a forked child makes its own

@@ -10,6 +10,7 @@ take is dropped by the backend. Where cuML's conversion would refuse a value
 Shared by both sides: imports nothing of the package.
 """
 
+
 def _rename(params, **names):
     for cuml_name, sklearn_name in names.items():
         if cuml_name in params:

@@ -20,9 +20,9 @@ import zmq
 
 import sklearn_gpu_bridge
 from sklearn_gpu_bridge.config import ENV_CONNECTION_FILE
-from sklearn_gpu_bridge.runtime.keys import secure
 from sklearn_gpu_bridge.manage.launcher import LaunchedWorker
 from sklearn_gpu_bridge.protocol import Session, new_id
+from sklearn_gpu_bridge.runtime.keys import secure
 
 BACKEND = os.environ.get("SKLEARN_GPU_BRIDGE_TEST_BACKEND", "sklearn")
 

@@ -26,9 +26,8 @@ from sklearn.preprocessing import StandardScaler
 from sklearn.svm import SVC
 
 import sklearn_gpu_bridge
-from sklearn_gpu_bridge import GPUStandardScaler, accel
-from sklearn_gpu_bridge.accel import cuml_alias
-from sklearn_gpu_bridge.accel import report, serve
+from sklearn_gpu_bridge import GPUStandardScaler, accel, catalogue
+from sklearn_gpu_bridge.accel import cuml_alias, report, serve
 from sklearn_gpu_bridge.catalogue import ESTIMATORS
 
 from .conftest import BACKEND, assert_same, use_worker, wait_until
@@ -84,7 +83,7 @@ QUICKSTART = textwrap.dedent("""
 #: process imports cuML for the worker: on_gpu.sh sets it to a site of pyzmq, blake3 and this package only)
 CLIENT_PATH = os.environ.get("SKLEARN_GPU_BRIDGE_TEST_CLIENT_PATH")
 client_without_cuml = pytest.mark.skipif(
-    CLIENT_PATH is None and cuml_alias.real_cuml_importable(),
+    CLIENT_PATH is None and catalogue.real_cuml_importable(),
     reason="about a client without cuML, and this process can import one: set SKLEARN_GPU_BRIDGE_TEST_CLIENT_PATH "
            "to a sys.path without cuML (benchmarks/on_gpu.sh does)")
 

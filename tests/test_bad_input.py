@@ -34,7 +34,7 @@ import scipy.sparse as sp
 from sklearn.utils import assert_all_finite
 
 import sklearn_gpu_bridge
-from sklearn_gpu_bridge import GPUKMeans, GPULogisticRegression, GPUPCA, GPUStandardScaler, GPUSVC
+from sklearn_gpu_bridge import GPUPCA, GPUSVC, GPUKMeans, GPULogisticRegression, GPUStandardScaler
 from sklearn_gpu_bridge.catalogue import lookup
 from sklearn_gpu_bridge.protocol import AsDtype, Decoder, Encoder
 from sklearn_gpu_bridge.protocol.arrays import defer_finite_check
@@ -406,13 +406,13 @@ def test_wrappers_say_finite_only_where_they_found_no_nan_and_no_inf(connection,
     from sklearn.preprocessing import StandardScaler
 
     headers = []
-    request = connection.request
+    request = connection.transport.request
 
     def spy(header, *args, **kwargs):
         headers.append(dict(header))
         return request(header, *args, **kwargs)
 
-    monkeypatch.setattr(connection, "request", spy)
+    monkeypatch.setattr(connection.transport, "request", spy)
     model = GPULogisticRegression().fit(X0, (X0[:, 0] > 0).astype(int))  # refuses NaN: finite
     model.predict(XT)
     scaler = GPUStandardScaler().fit(X0)  # no NaN in X: finite

@@ -14,16 +14,16 @@ from sklearn.model_selection import GridSearchCV
 from sklearn.pipeline import Pipeline
 from sklearn.preprocessing import StandardScaler
 from sklearn.svm import SVC
-from sklearn_gpu_bridge.worker.cache import ArrayCache
 
 import sklearn_gpu_bridge
 from sklearn_gpu_bridge import GPUSVC, GPUStandardScaler, ProtocolError
-from sklearn_gpu_bridge.client.connection import Connection
-from sklearn_gpu_bridge.errors import rebuild as rebuild_error
-from sklearn_gpu_bridge.runtime.connection_file import read_connection_file
+from sklearn_gpu_bridge.client import connect
 from sklearn_gpu_bridge.errors import CacheMiss
+from sklearn_gpu_bridge.errors import rebuild as rebuild_error
 from sklearn_gpu_bridge.protocol import BoundedLRU, Decoder, Encoder, KnownArrays, Session, fingerprint
 from sklearn_gpu_bridge.protocol.session import buffer_digest
+from sklearn_gpu_bridge.runtime.connection_file import read_connection_file
+from sklearn_gpu_bridge.worker.cache import ArrayCache
 
 from .conftest import BACKEND, RawClient, WorkerProcess, assert_same, assert_ulps, own_worker
 
@@ -51,7 +51,7 @@ def cached(worker):
 
 def _connection(worker, **settings):
     """A connection of its own (a second client of the same worker)."""
-    return Connection(read_connection_file(worker.connection_file), connection_file=str(worker.connection_file),
+    return connect(read_connection_file(worker.connection_file), connection_file=str(worker.connection_file),
                       **{"pool": "off", "array_cache": "on", "cache_min_bytes": MIN_BYTES, **settings})
 
 
@@ -308,7 +308,7 @@ def test_a_silent_clients_arrays_are_freed_by_the_sweep(small_cache_worker):
     try:
         connection.echo(_data(10))
         assert watcher.status()["array_cache"]["entries"] == 1
-        connection._stop_keepalive_thread()  # as if it died: no more pings (--client-timeout 1)
+        connection.transport._stop_keepalive_thread()  # as if it died: no more pings (--client-timeout 1)
         deadline = time.monotonic() + 10
         while watcher.status()["array_cache"]["entries"] and time.monotonic() < deadline:
             time.sleep(0.2)

@@ -30,7 +30,7 @@ GRID = {"svm__C": [0.1, 1, 10]}
 
 #: where a Dask worker of this machine runs its GPU* calls: cuML in its own process where cuML is
 #: importable (the GPU machine), a bridge worker of its own otherwise (CI)
-HAS_CUML = __import__("sklearn_gpu_bridge.transport.inprocess", fromlist=["_cuml_importable"])._cuml_importable()
+HAS_CUML = __import__("sklearn_gpu_bridge.client.discovery", fromlist=["_cuml_importable"])._cuml_importable()
 EXPECTED_MODE = "in_process" if HAS_CUML else "worker"
 
 

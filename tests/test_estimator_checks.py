@@ -77,13 +77,13 @@ EXPECTED_FAILURES["GPUTargetEncoder"] = {check: _MULTICLASS for check in (
     "check_methods_sample_order_invariance", "check_methods_subset_invariance", "check_fit2d_1feature",
     "check_dict_unchanged", "check_fit2d_predict1d")}
 if BACKEND == "cuml":
-    # Seen on the H100 run (benchmarks/results/gpu-h100/pytest-cuml-checks.txt): cuML's own behaviour
+    # cuML's own behaviour: its float32 solvers
     _F32 = _WEIGHTS + "; in float32 the solvers' results differ by more than the check's tolerance"
     for _name in ("GPULinearRegression", "GPURidge", "GPUKernelRidge"):
         EXPECTED_FAILURES.setdefault(_name, {})["check_sample_weight_equivalence_on_dense_data"] = _F32
     for _name in ("GPULinearRegression", "GPURidge"):  # sparse X: cuML's lsmr, in float32
         EXPECTED_FAILURES[_name]["check_sample_weight_equivalence_on_sparse_data"] = _F32
-    # sparse X through cuML's quasi-Newton solver (seen on the H200 run, gpu-h200/pytest-cuml-checks.txt)
+    # sparse X through cuML's quasi-Newton solver
     for _name in ("GPUElasticNet", "GPULasso", "GPULogisticRegression"):
         EXPECTED_FAILURES.setdefault(_name, {})["check_sample_weight_equivalence_on_sparse_data"] = _F32
     _ONE = "cuML's message for a single sample does not say 'one sample'"

@@ -28,7 +28,7 @@ from sklearn.svm import SVC
 from sklearn.utils.multiclass import _ovr_decision_function
 
 import sklearn_gpu_bridge
-from sklearn_gpu_bridge import GPUKMeans, GPULogisticRegression, GPUPCA, GPUStandardScaler, GPUSVC
+from sklearn_gpu_bridge import GPUPCA, GPUSVC, GPUKMeans, GPULogisticRegression, GPUStandardScaler
 from sklearn_gpu_bridge.errors import RemoteTraceback
 
 from .conftest import BACKEND, assert_same

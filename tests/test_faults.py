@@ -85,7 +85,7 @@ def test_worker_sigkilled_mid_call_raises_worker_lost_within_3_s(fresh_worker, a
     assert connection.process is None
     fits = connection.status()["requests"].get("fit", 0)
     with sklearn_gpu_bridge.config_context(reply_wait=reply_wait):  # settings are process-wide: the thread's too
-        assert (connection.spin_seconds() > 0) == (reply_wait == "spin")  # the way named is the way taken
+        assert (connection.transport.spin_seconds() > 0) == (reply_wait == "spin")  # the way named is the way taken
         thread, outcome = _fit_in_thread(GPUSVC(C=100), *long_fit_data())
         _wait_fitting(connection, fits)
         fresh_worker.process.kill()
@@ -186,7 +186,7 @@ def test_worker_killed_between_calls_raises_worker_lost_not_a_hang(fresh_worker,
     connection = sklearn_gpu_bridge.get_connection()
     X = np.random.default_rng(0).normal(size=(50, 3))
     with sklearn_gpu_bridge.config_context(reply_wait=reply_wait):
-        assert (connection.spin_seconds() > 0) == (reply_wait == "spin")  # the way named is the way taken
+        assert (connection.transport.spin_seconds() > 0) == (reply_wait == "spin")  # the way named is the way taken
         GPUStandardScaler().fit(X)
         fresh_worker.process.kill()
         fresh_worker.process.wait()
@@ -195,9 +195,9 @@ def test_worker_killed_between_calls_raises_worker_lost_not_a_hang(fresh_worker,
             GPUStandardScaler().fit(X)
     took = time.monotonic() - started
     record("worker_dead_before_call_to_worker_lost", seconds=round(took, 4),
-           heartbeat_timeout=connection.heartbeat_timeout, reply_wait=reply_wait)
+           heartbeat_timeout=connection.transport.heartbeat_timeout, reply_wait=reply_wait)
     # ZeroMQ's reconnect (every 100 ms) is refused: known well before a heartbeat timeout
-    assert took < connection.heartbeat_timeout / 2
+    assert took < connection.transport.heartbeat_timeout / 2
 
 
 def test_restarted_worker_gets_the_state_of_fitted_models_back(fresh_worker, tmp_path):
@@ -249,7 +249,7 @@ _LOCAL_RESTART_SCRIPT = textwrap.dedent("""
     connection = fit_and_note()
 
     # 2. killed in the middle of a call: WorkerLost at once, then a new worker on the next call
-    # 1.4 s for scikit-learn on an idle 2-core VM: too close to the kill at 1.5 s; 12000 take 24 s
+    # 1.4 s for scikit-learn on an idle 2-core machine: too close to the kill at 1.5 s; 12000 take 24 s
     Xl, yl = make_classification(n_samples=12000, n_features=50, flip_y=0.4, random_state=0)
     killed = []
 
@@ -390,7 +390,7 @@ def test_idle_client_that_pings_keeps_its_handles(impatient_worker):
         time.sleep(3.0)  # three timeouts of silence, but the keepalive pings
         assert_same(scaler.transform(X), StandardScaler().fit(X).transform(X))
         assert connection.status()["swept"] == {}
-        connection._stop_keepalive_thread()  # as if the process had died
+        connection.transport._stop_keepalive_thread()  # as if the process had died
         # asked by another client: a status request of this one would count as a sign of life
         assert wait_until(lambda: _status_of(impatient_worker)["handles"] == 0, 10, step=0.1)
         assert _status_of(impatient_worker)["swept"] == {"idle": 1}

@@ -32,7 +32,7 @@ import zmq
 from sklearn.preprocessing import StandardScaler
 
 import sklearn_gpu_bridge
-from sklearn_gpu_bridge import GPUKMeans, GPULogisticRegression, GPUPCA, GPUStandardScaler
+from sklearn_gpu_bridge import GPUPCA, GPUKMeans, GPULogisticRegression, GPUStandardScaler
 from sklearn_gpu_bridge.protocol import Session, loads_header, new_id
 from sklearn_gpu_bridge.protocol.session import MAX_TUPLE_DEPTH
 
@@ -108,7 +108,7 @@ def _capture(process):
                 connection.ping()
                 del scaler, model
                 connection.status()  # carries the releases
-            sklearn_gpu_bridge.client.connection._connection = None  # keep this one open, make the next one anew
+            sklearn_gpu_bridge.client.discovery._connection = None  # keep this one open, make the next one anew
     finally:
         Session.pack = pack
     ops = {header["op"] for header, _ in captured}

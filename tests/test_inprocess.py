@@ -20,22 +20,23 @@ from sklearn.pipeline import make_pipeline
 
 import sklearn_gpu_bridge
 from sklearn_gpu_bridge import config_context
-from sklearn_gpu_bridge.client import connection as client
+from sklearn_gpu_bridge.client import Connection
+from sklearn_gpu_bridge.client import discovery as client
 from sklearn_gpu_bridge.errors import ConfigurationError, ProtocolError
 from sklearn_gpu_bridge.estimators import (
+    GPUPCA,
+    GPUSVC,
     GPUKMeans,
     GPULogisticRegression,
     GPUNearestNeighbors,
-    GPUPCA,
     GPUStandardScaler,
-    GPUSVC,
 )
-from sklearn_gpu_bridge.transport.inprocess import InProcess
+from sklearn_gpu_bridge.transport.inprocess import InProcessTransport
 
 from .conftest import BACKEND, assert_same
 
 #: a real cuML here (the GPU machine): the tests of a process without one do not apply
-REAL_CUML = __import__("sklearn_gpu_bridge.transport.inprocess", fromlist=["_cuml_importable"])._cuml_importable()
+REAL_CUML = client._cuml_importable()
 without_cuml = pytest.mark.skipif(REAL_CUML, reason="about a process without cuML; this one has it")
 
 
@@ -59,7 +60,7 @@ def _in_process(backend="sklearn"):
     """This process's connection replaced by the in-process one, then restored."""
     client.reset_connection()
     with client._lock:
-        client._connection = InProcess(backend=backend)
+        client._connection = Connection(InProcessTransport(backend=backend))
     try:
         yield client._connection
     finally:
@@ -84,7 +85,7 @@ def test_in_process_answers_as_the_worker_does(name, make, run):
     expected = _through_worker(make, run, X, y)
     with _in_process():
         got = run(make(), X, y)
-        assert isinstance(client.get_connection(), InProcess)
+        assert isinstance(client.get_connection().transport, InProcessTransport)
     assert type(got) is type(expected) and got.dtype == expected.dtype
     assert_same(got, expected)
 
@@ -149,7 +150,7 @@ def test_execution_mode_setting():
 
 
 def test_forcing_in_process_without_cuml_says_so():
-    from sklearn_gpu_bridge.transport.inprocess import _cuml_importable
+    from sklearn_gpu_bridge.client.discovery import _cuml_importable
 
     if _cuml_importable():
         pytest.skip("cuML is importable here")
@@ -209,8 +210,8 @@ def test_the_cuml_alias_is_not_taken_for_cuml(tmp_path):
         sys.modules.pop("cuml", None)
         import sklearn_gpu_bridge.accel.cuml_alias as alias; alias.enable()
         import cuml
-        from sklearn_gpu_bridge.transport import inprocess
-        print(cuml.__sklearn_gpu_bridge__, inprocess._cuml_importable())
+        from sklearn_gpu_bridge.client import discovery
+        print(cuml.__sklearn_gpu_bridge__, discovery._cuml_importable())
     """)
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert run.returncode == 0, run.stderr

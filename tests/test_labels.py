@@ -12,7 +12,7 @@ import pytest
 
 import sklearn_gpu_bridge
 from sklearn_gpu_bridge import GPUSVC, GPULogisticRegression
-from sklearn_gpu_bridge.worker.labels import HOST_MAX_SAMPLES, LABELS_ON_HOST_ENV, HostLabels, encode_on_host, own_codes
+from sklearn_gpu_bridge.worker.labels import HOST_MAX_SAMPLES, HostLabels, encode_on_host, own_codes
 
 from .conftest import WorkerProcess, use_worker
 
@@ -84,9 +84,9 @@ def test_every_other_y_and_call_goes_to_cuml_s_own_check_y_with_its_arguments():
     assert len(calls) == len(asked) and host.taken == 0
 
 
-def test_cuml_keeps_its_own_encoding_where_its_check_y_is_not_the_one_known_or_the_environment_says_0(monkeypatch):
-    """The host answers only for a ``check_y`` of the parameters and defaults it assumes, once per process, and not
-    at all with SKLEARN_GPU_BRIDGE_LABELS_ON_HOST=0; where it does not, ``check_y`` is left as it was."""
+def test_cuml_keeps_its_own_encoding_where_its_check_y_is_not_the_one_known():
+    """The host answers only for a ``check_y`` of the parameters and defaults it assumes, once per process; where
+    it does not, ``check_y`` is left as it was."""
     def other_check_y(y, *, dtype=None, mem_type="host", order="A", return_classes=False, return_index=False):
         return y
 
@@ -95,9 +95,6 @@ def test_cuml_keeps_its_own_encoding_where_its_check_y_is_not_the_one_known_or_t
     installed = HostLabels(other_check_y)
     validation.check_y = installed
     assert encode_on_host(validation) is installed  # installed already: the same, not wrapped twice
-    monkeypatch.setenv(LABELS_ON_HOST_ENV, "0")
-    validation.check_y = other_check_y
-    assert encode_on_host(validation) is None and validation.check_y is other_check_y
 
 
 @pytest.mark.gpu
@@ -145,15 +142,15 @@ def test_the_host_answers_cuml_s_check_y_as_cuml_does(what, y, own, kwargs):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("on_host", [True, False], ids=["by default", f"{LABELS_ON_HOST_ENV}=0"])
-def test_a_cuml_worker_fits_classifiers_on_labels_encoded_on_the_host(tmp_path, worker, monkeypatch, on_host):
-    """Through a cuML worker, LogisticRegression and SVC predict as cuML fitted in process does, their labels
-    encoded on the host (the worker's status counts the fits), unless the environment says 0."""
+def test_a_cuml_worker_fits_classifiers_on_labels_encoded_on_the_host(tmp_path, worker):
+    """Through a cuML worker, LogisticRegression and SVC predict as cuML fitted in this process does with its own
+    encoding (``check_y`` is replaced only in a worker's process), their labels encoded on the host (the worker's
+    status counts the fits)."""
+    from cuml.internals import validation
     from cuml.linear_model import LogisticRegression
     from cuml.svm import SVC
 
-    if not on_host:
-        monkeypatch.setenv(LABELS_ON_HOST_ENV, "0")
+    assert not isinstance(validation.check_y, HostLabels)  # the encoding the host's replaces
     data = np.random.default_rng(1)
     X = data.standard_normal((2000, 8)).astype(np.float32)
     y = np.where(X[:, 0] + 0.3 * data.standard_normal(2000) > 0, 7, 3)  # the client sends them as codes 1 and 0
@@ -171,9 +168,7 @@ def test_a_cuml_worker_fits_classifiers_on_labels_encoded_on_the_host(tmp_path, 
             clear = np.abs(scores) > 1e-3  # the labels of points not on the boundary, exactly
             np.testing.assert_array_equal(bridged.predict(X)[clear], in_process.predict(X)[clear])
         after = connection.status()["labels_on_host"]
-        assert (before is None, after is None) == (not on_host, not on_host)
-        if on_host:
-            assert after - before == 2
+        assert before is not None and after - before == 2
     finally:
         sklearn_gpu_bridge.reset_connection()
         process.stop()

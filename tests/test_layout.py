@@ -1,7 +1,7 @@
 """The shape of the house: imports run one way, importing the package is cheap, every op is in the catalogue.
 
-Read from the source (module-level imports, with ``ast``) and from fresh
-interpreters; nothing here needs a worker.
+Read from the source (every import, at module level and inside functions, with ``ast``) and from
+fresh interpreters; nothing here needs a worker.
 """
 
 import ast
@@ -24,7 +24,7 @@ FOLDERS = {"sklearn_gpu_bridge": PACKAGE, "worker": f"{PACKAGE}.worker", "shm": 
 
 #: read by both sides: may import nothing of the client or the worker
 SHARED_CORE = {
-    "sklearn_gpu_bridge", "sklearn_gpu_bridge.errors", "sklearn_gpu_bridge.config", "sklearn_gpu_bridge.catalogue",
+    "sklearn_gpu_bridge.version", "sklearn_gpu_bridge.errors", "sklearn_gpu_bridge.config", "sklearn_gpu_bridge.catalogue",
     "sklearn_gpu_bridge.translate", "sklearn_gpu_bridge.runtime.private_files", "sklearn_gpu_bridge.runtime.connection_file",
     "sklearn_gpu_bridge.runtime.keys", "sklearn_gpu_bridge.parallel", "sklearn_gpu_bridge.protocol",
     "sklearn_gpu_bridge.protocol.arrays", "sklearn_gpu_bridge.protocol.ops", "sklearn_gpu_bridge.protocol.session",
@@ -34,6 +34,9 @@ SHARED_CORE = {
 #: command-line entry points: may import both sides
 ENTRY_POINTS = {"sklearn_gpu_bridge.cli", "sklearn_gpu_bridge.__main__", "sklearn_gpu_bridge.worker.__main__",
                 "sklearn_gpu_bridge.accel.__main__"}
+#: the one edge from the client side into the worker's: cuML in this process runs the worker's operations
+IN_PROCESS = "sklearn_gpu_bridge.transport.inprocess"
+ALLOWED_INTO_WORKER = {f"{PACKAGE}.worker.backends", f"{PACKAGE}.worker.dispatch", f"{PACKAGE}.worker.handles"}
 
 
 def _modules():
@@ -51,27 +54,24 @@ def _modules():
 MODULES = _modules()
 
 
-def _module_level_imports(name, path):
-    """The package's modules that ``name`` imports when it is imported (not inside functions)."""
+def _imports(name, path):
+    """The package's modules that ``name`` imports, at module level or inside its functions."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
-    for node in ast.parse(path.read_text()).body:  # only statements at module level
-        nodes = [node] + [n for n in ast.walk(node) if isinstance(n, (ast.Import, ast.ImportFrom))] \
-            if isinstance(node, (ast.If, ast.Try)) else [node]
-        for stmt in nodes:
-            if isinstance(stmt, ast.Import):
-                found.update(a.name for a in stmt.names)
-            elif isinstance(stmt, ast.ImportFrom):
-                base = stmt.module or ""
-                if stmt.level:
-                    anchor = package.split(".")[: len(package.split(".")) - stmt.level + 1]
-                    base = ".".join(anchor + ([stmt.module] if stmt.module else []))
-                submodules = {f"{base}.{a.name}" for a in stmt.names} & set(MODULES)
-                found.update(submodules or {base})
+    for stmt in ast.walk(ast.parse(path.read_text())):
+        if isinstance(stmt, ast.Import):
+            found.update(a.name for a in stmt.names)
+        elif isinstance(stmt, ast.ImportFrom):
+            base = stmt.module or ""
+            if stmt.level:
+                anchor = package.split(".")[: len(package.split(".")) - stmt.level + 1]
+                base = ".".join(anchor + ([stmt.module] if stmt.module else []))
+            submodules = {f"{base}.{a.name}" for a in stmt.names} & set(MODULES)
+            found.update(submodules or {base})
     return {m for m in found if m in MODULES and m != name}
 
 
-GRAPH = {name: _module_level_imports(name, path) for name, path in MODULES.items()}
+GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
 
 
 def _side(name):
@@ -98,11 +98,19 @@ def test_imports_run_one_way(name):
         elif side == "worker":
             assert other in ("core", "worker"), f"{name} (worker side) imports {imported} ({other} side)"
         elif side == "client":
-            assert other in ("core", "client"), f"{name} (client side) imports {imported} ({other} side)"
+            allowed = name == IN_PROCESS and imported in ALLOWED_INTO_WORKER
+            assert other in ("core", "client") or allowed, f"{name} (client side) imports {imported} ({other} side)"
+
+
+def test_the_in_process_path_is_the_one_edge_into_the_worker():
+    """The client side reaches the worker's code only where cuML runs in this process, and only its operations."""
+    edges = {(name, imported) for name in MODULES if _side(name) == "client"
+             for imported in GRAPH[name] if _side(imported) == "worker"}
+    assert edges == {(IN_PROCESS, m) for m in ALLOWED_INTO_WORKER}, edges
 
 
 def test_no_import_loop():
-    """No module reaches itself through module-level imports (a package's own submodules aside)."""
+    """No module reaches itself through its imports (a package's own submodules aside)."""
     def reach(start):
         seen, stack = set(), [start]
         while stack:
@@ -148,10 +156,13 @@ def test_the_package_names_every_wrapper():
 
 
 def test_every_op_the_worker_answers_is_in_the_catalogue():
+    """The worker's two tables, its quick ops and the work ops (worker/dispatch.py), are the catalogue exactly."""
+    from sklearn_gpu_bridge.worker.dispatch import WORK
     from sklearn_gpu_bridge.worker.server import Worker
 
-    implemented = {name[len("_op_"):] for name, _ in inspect.getmembers(Worker) if name.startswith("_op_")}
-    assert implemented == set(protocol.OPS)
+    assert not set(Worker.QUICK) & set(WORK)
+    assert set(Worker.QUICK) | set(WORK) == set(protocol.OPS)
+    assert set(Worker.QUICK) == protocol.QUICK_OPS and set(WORK) == protocol.WORK_OPS
     assert protocol.QUICK_OPS | protocol.WORK_OPS == set(protocol.OPS)
     for name, op in protocol.OPS.items():
         assert op.kind in ("quick", "work") and op.request and op.reply, name
@@ -183,11 +194,11 @@ def test_the_worker_reads_the_same_environment_variables_from_both_entry_points(
 
 
 def test_one_table_of_defaults():
-    from sklearn_gpu_bridge.client.connection import Connection
     from sklearn_gpu_bridge.config import DEFAULTS, WORKER_DEFAULTS
+    from sklearn_gpu_bridge.transport.remote import RemoteTransport
     from sklearn_gpu_bridge.worker.server import Worker
 
-    connection = inspect.signature(Connection).parameters
+    connection = inspect.signature(RemoteTransport).parameters
     for name in ("heartbeat_timeout", "array_cache", "cache_min_bytes", "pool"):
         assert connection[name].default == DEFAULTS[name], name
     worker = inspect.signature(Worker).parameters

@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 
 import sklearn_gpu_bridge
-from sklearn_gpu_bridge import GPUKMeans, GPULogisticRegression, GPUPCA, GPUStandardScaler, GPUSVC
+from sklearn_gpu_bridge import GPUPCA, GPUSVC, GPUKMeans, GPULogisticRegression, GPUStandardScaler
 
 from .conftest import BACKEND, WorkerProcess, assert_ulps, record, use_worker
 from .test_bad_input import _oracle

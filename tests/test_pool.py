@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 
 import sklearn_gpu_bridge
-from sklearn_gpu_bridge.runtime.private_files import pid_alive
 from sklearn_gpu_bridge.protocol import INLINE_MAX
+from sklearn_gpu_bridge.runtime.private_files import pid_alive
 from sklearn_gpu_bridge.shm import SLOT_SIZE, Pool, PoolAttachment, PoolError, remove_orphans
 from sklearn_gpu_bridge.shm.pool import MEMFD, PIN_MIN_BYTES
 from sklearn_gpu_bridge.worker.pinning import HostPinning
@@ -74,7 +74,7 @@ def test_blocks_never_overlap_under_random_allocate_and_release(small_pool):
 
 
 def test_a_block_freed_by_a_collection_inside_the_pools_lock_does_not_deadlock(small_pool):
-    """A thread's request slot is freed when its link is collected (client._Link.__del__); a link in a reference
+    """A thread's request slot is freed when its link is collected (transport.link.Link.__del__); a link in a reference
     cycle is collected by whichever allocation starts a collection, which may be one the pool makes while it
     holds its own lock. Freeing a block there must not wait for that lock."""
 
@@ -520,7 +520,7 @@ def test_threads_share_the_pool_without_mixing_arrays(connection):
     # the executor's threads are gone, and their arrays' blocks; where replies are watched for (reply_wait spin,
     # auto beside a cuML worker), each gone thread's request slot is kept as a spare for other threads' requests
     # (the worker may still write into it: test_threads_that_end_leave_no_sockets_or_slots_behind)
-    spares = len(connection._spare_request_slots)
+    spares = len(connection.transport._spare_request_slots)
     assert spares <= 4
     assert connection.pool.slots_in_use == baseline + spares
 
@@ -556,9 +556,9 @@ def test_threads_that_end_leave_no_sockets_or_slots_behind(connection, reply_wai
 def test_a_forked_child_leaves_its_parents_links_alone(connection, monkeypatch):
     """A child forked while another thread holds a link inherits that link, and drops it (the thread is not in
     the child): dropping it must not close the parent's sockets from the child."""
-    from sklearn_gpu_bridge.client import connection as client
+    from sklearn_gpu_bridge.transport.link import Link
 
-    closed_in_child, real_close = os.pipe(), client._Link.close
+    closed_in_child, real_close = os.pipe(), Link.close
     parent = os.getpid()
 
     def close(link):
@@ -566,7 +566,7 @@ def test_a_forked_child_leaves_its_parents_links_alone(connection, monkeypatch):
             os.write(closed_in_child[1], b"x")
         return real_close(link)
 
-    monkeypatch.setattr(client._Link, "close", close)
+    monkeypatch.setattr(Link, "close", close)
     called, done = threading.Event(), threading.Event()
 
     def hold_a_link():
@@ -671,7 +671,7 @@ def test_a_worker_waits_for_the_device_before_answering_a_request_that_read_pinn
     """A real worker (in this process, so that its backend can be a recording one) and a real client: the
     request that read a pinned range settles before its reply, a small one from an unpinned segment does not,
     and the segment is unregistered when the client says goodbye."""
-    from sklearn_gpu_bridge.client.connection import Connection
+    from sklearn_gpu_bridge.client import connect
     from sklearn_gpu_bridge.runtime.connection_file import read_connection_file
     from sklearn_gpu_bridge.worker.backends import SklearnBackend
     from sklearn_gpu_bridge.worker.server import Worker
@@ -688,7 +688,7 @@ def test_a_worker_waits_for_the_device_before_answering_a_request_that_read_pinn
     worker = Worker(RecordingBackend(), connection_file=str(tmp_path / "worker.json"), threads=1).start()
     thread = threading.Thread(target=worker.serve_forever, daemon=True)
     thread.start()
-    connection = Connection(read_connection_file(tmp_path / "worker.json"))
+    connection = connect(read_connection_file(tmp_path / "worker.json"))
     try:
         small = np.arange(100_000, dtype=np.float64)  # 0.8 MB: in segment 0, not pinned yet
         np.testing.assert_array_equal(connection.echo(small)[0], small)

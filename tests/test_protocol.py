@@ -21,7 +21,15 @@ import pytest
 import sklearn_gpu_bridge
 from sklearn_gpu_bridge.errors import ProtocolError
 from sklearn_gpu_bridge.protocol import (
-    DTYPES, INLINE_MAX, POOL_INLINE_MAX, Decoder, Encoder, Session, dumps_header, loads_header, new_id,
+    DTYPES,
+    INLINE_MAX,
+    POOL_INLINE_MAX,
+    Decoder,
+    Encoder,
+    Session,
+    dumps_header,
+    loads_header,
+    new_id,
 )
 from sklearn_gpu_bridge.protocol.session import MAX_TUPLE_DEPTH, StaleMessage
 from sklearn_gpu_bridge.shm import Pool, PoolAttachment, PoolError
@@ -760,7 +768,7 @@ def raw(worker):
 
 def _echo_header(connection, desc, **extra):
     return {
-        "op": "echo", "client": connection.client_id, "pool": connection.pool.name, "arrays": [desc],
+        "op": "echo", "client": connection.transport.client_id, "pool": connection.pool.name, "arrays": [desc],
         "payload": {"args": [{"__array__": 0}], "kwargs": {}}, **extra,
     }
 

@@ -3,7 +3,7 @@ the other, against a real worker in this process and real ZeroMQ.
 
 What must hold: a call's answer is the same; a rehearsal never touches a real message (its own key, its own
 slot); it gives way to the request it stands in for; ringing on buys no more than one per reply; one that
-fails costs the call nothing; ``SKLEARN_GPU_BRIDGE_REHEARSE=0`` turns them off on both sides.
+fails costs the call nothing.
 """
 
 import numpy as np
@@ -12,7 +12,7 @@ from sklearn.preprocessing import StandardScaler
 
 import sklearn_gpu_bridge
 from sklearn_gpu_bridge import GPUStandardScaler
-from sklearn_gpu_bridge.client import connection as client
+from sklearn_gpu_bridge.client import discovery
 from sklearn_gpu_bridge.errors import ProtocolError
 from sklearn_gpu_bridge.transport import rehearsal, reply_slot
 
@@ -61,7 +61,7 @@ def test_after_an_idle_gap_both_sides_rehearse_and_the_answer_is_the_same(ringin
     X = np.random.default_rng(20).standard_normal((40, 3))
     assert_same(_scaled_after_a_heads_up(worker, connection, X), StandardScaler().fit_transform(X))
     assert worker.counts["heads_up"] == 1 and worker.counts["rehearsals"] == 1
-    assert len(client_rehearsals) == 1 and not connection._link().rehearse_reply  # while the worker ran the call
+    assert len(client_rehearsals) == 1 and not connection.transport._link().rehearse_reply  # while the worker ran the call
     assert worker.counts["from_slot"] == 1 and worker.counts["failed"] == 0
     assert not worker.session.refused, worker.session.refused
 
@@ -72,7 +72,7 @@ def test_a_heads_up_whose_call_failed_its_check_leaves_no_rehearsal_to_the_next(
     finds a thread watching, rings nothing, and reads its reply without a rehearsal."""
     worker, connect = ringing_worker
     connection = connect()
-    monkeypatch.setattr(client, "_connection", connection)  # the estimators' connection
+    monkeypatch.setattr(discovery, "_connection", connection)  # the estimators' connection
     X = np.random.default_rng(25).standard_normal((40, 3))
     with sklearn_gpu_bridge.config_context(reply_wait="spin"):
         scaler = GPUStandardScaler().fit(X)
@@ -80,10 +80,10 @@ def test_a_heads_up_whose_call_failed_its_check_leaves_no_rehearsal_to_the_next(
         worker.watch_ms = 60_000.0
         with pytest.raises(ValueError, match="features"):
             scaler.transform(X[:, :2])
-        assert connection._link().rehearse_reply  # it rang: its heads-up's rehearsal was due
+        assert connection.transport._link().rehearse_reply  # it rang: its heads-up's rehearsal was due
         assert wait_until(lambda: _watched_for_next(connection), 10)
         assert_same(scaler.transform(X), StandardScaler().fit(X).transform(X))
-    assert client_rehearsals == [] and not connection._link().rehearse_reply
+    assert client_rehearsals == [] and not connection.transport._link().rehearse_reply
     assert worker.counts["heads_up"] == 1 and worker.counts["rehearsals"] == 1
 
 
@@ -93,14 +93,14 @@ def test_back_to_back_calls_do_not_rehearse(ringing_worker, monkeypatch):
     worker, connect = ringing_worker
     worker.watch_ms = 60_000.0
     connection = connect()
-    monkeypatch.setattr(client, "_connection", connection)
+    monkeypatch.setattr(discovery, "_connection", connection)
     X = np.random.default_rng(21).standard_normal((40, 3))
     with sklearn_gpu_bridge.config_context(reply_wait="spin"):
         scaler = GPUStandardScaler().fit(X)
         assert wait_until(lambda: _watched_for_next(connection), 10)
         assert_same(scaler.transform(X), StandardScaler().fit(X).transform(X))
     assert worker.counts["heads_up"] == 0 and worker.counts["rehearsals"] == 0
-    assert connection._link().rehearsal is None
+    assert connection.transport._link().rehearsal is None
 
 
 def test_ringing_on_buys_one_rehearsal_a_reply(ringing_worker):
@@ -115,7 +115,7 @@ def test_ringing_on_buys_one_rehearsal_a_reply(ringing_worker):
         link = _armed(worker, connection)
         for _ in range(10):  # the socket's queue holds about 10: each is read before the next is sent
             rings = worker.counts["rings"]
-            connection._doorbell.send(link.ring)
+            connection.transport._doorbell.send(link.ring)
             assert wait_until(lambda: worker.counts["rings"] == rings + 1, 10)
         assert worker.counts["heads_up"] == 1 and worker.counts["rehearsals"] == 1
         assert wait_until(lambda: link.ring in worker._armed, 10)  # armed still: its next request is read
@@ -169,19 +169,5 @@ def test_a_rehearsal_that_fails_costs_the_call_nothing_and_turns_them_off(ringin
     assert len(failed) == 2  # the worker's, then the client's
     assert worker.counts["heads_up"] == 1 and worker.counts["rehearsals"] == 0
     assert worker.counts["from_slot"] == 1 and worker.counts["failed"] == 0  # taken from its slot all the same
-    assert worker._rehearsal is None and not connection._rehearsals_on  # said once, then no more
+    assert worker._rehearsal is None and not connection.transport._rehearsals_on  # said once, then no more
     assert connection.ping()
-
-
-def test_rehearse_0_turns_them_off_on_both_sides(tmp_path, monkeypatch, client_rehearsals):
-    monkeypatch.setenv(rehearsal.REHEARSE_ENV, "0")
-    gen = _worker_in_this_process(tmp_path, monkeypatch, 0.0)  # started with the setting in its environment
-    worker, connect = next(gen)
-    try:
-        connection = connect()
-        X = np.random.default_rng(24).standard_normal((40, 3))
-        assert_same(_scaled_after_a_heads_up(worker, connection, X), StandardScaler().fit_transform(X))
-        assert worker.counts["heads_up"] == 1 and worker.counts["rehearsals"] == 0
-        assert worker._rehearsal is None and client_rehearsals == []
-    finally:
-        next(gen, None)

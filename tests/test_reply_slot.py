@@ -27,11 +27,11 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.preprocessing import StandardScaler
 
 import sklearn_gpu_bridge
-from sklearn_gpu_bridge import GPULogisticRegression, GPUStandardScaler
-from sklearn_gpu_bridge.client import connection as client
+from sklearn_gpu_bridge import GPULogisticRegression, GPUStandardScaler, client
+from sklearn_gpu_bridge.client import discovery
 from sklearn_gpu_bridge.errors import ConfigurationError, ProtocolError
 from sklearn_gpu_bridge.protocol import Session, new_id
-from sklearn_gpu_bridge.transport import reply_slot
+from sklearn_gpu_bridge.transport import fastpath, reply_slot
 
 from .conftest import assert_same, wait_until
 
@@ -84,7 +84,7 @@ def test_tokens_are_positive_and_fresh():
 @pytest.fixture
 def spin_long(monkeypatch):
     """Spin for a minute before the socket: every reply that fits is read from the pool, however slow the host."""
-    monkeypatch.setattr(client, "SPIN_SECONDS", 60.0)
+    monkeypatch.setattr(fastpath, "SPIN_SECONDS", 60.0)
 
 
 def test_calls_that_spin_get_their_replies_from_the_pool_and_the_same_answers(connection, spin_long):
@@ -98,7 +98,7 @@ def test_calls_that_spin_get_their_replies_from_the_pool_and_the_same_answers(co
             predicted, proba = model.predict(X), model.predict_proba(X)
     assert connection.stats["replies_from_pool"] - before == 5 * 4
     # each reply's ZeroMQ copy is dropped unread while a later call waits: they do not pile up on the socket
-    assert 1 <= connection._link().copies <= 2  # the last reply's copy, and at most the one before it
+    assert 1 <= connection.transport._link().copies <= 2  # the last reply's copy, and at most the one before it
     assert_same(scaled, StandardScaler().fit_transform(X))
     assert_same(proba, LogisticRegression().fit(X, y).predict_proba(X))
     np.testing.assert_array_equal(predicted, model.classes_[proba.argmax(axis=1)])  # labels: the model's own
@@ -134,7 +134,7 @@ def test_a_reply_that_comes_after_the_spin_comes_through_zeromq(connection, monk
     into the slot (a block this request still holds) disturbs no later call. Each fit takes the worker tens of
     milliseconds and replies with a small model, which fits in the slot: a reply read from ZeroMQ came late,
     not too large (a call of a fraction of a millisecond could be done before a busy client's first look)."""
-    monkeypatch.setattr(client, "SPIN_SECONDS", 1e-6)
+    monkeypatch.setattr(fastpath, "SPIN_SECONDS", 1e-6)
     data = np.random.default_rng(2)
     X = data.standard_normal((20000, 20))
     y = (X[:, 0] + 0.5 * data.standard_normal(20000) > 0).astype(np.int32)
@@ -157,10 +157,10 @@ def test_auto_spins_only_beside_a_cuml_worker_on_enough_cores(connection, monkey
     """Spinning saves the wake-up of a sleeping thread on a many-core GPU host; beside a CPU backend, or on a
     host of few cores, the spinning thread would take the core the worker needs."""
     with sklearn_gpu_bridge.config_context(reply_wait="auto"):
-        expected = connection.capabilities.backend == "cuml" and connection._cpus >= client.SPIN_MIN_CPUS
-        assert bool(connection.spin_seconds()) == expected
-        monkeypatch.setattr(connection, "_cpus", 2)
-        assert connection.spin_seconds() == 0.0
+        expected = connection.capabilities.backend == "cuml" and connection.transport._cpus >= fastpath.SPIN_MIN_CPUS
+        assert bool(connection.transport.spin_seconds()) == expected
+        monkeypatch.setattr(connection.transport, "_cpus", 2)
+        assert connection.transport.spin_seconds() == 0.0
 
 
 def test_a_reply_too_long_for_its_slot_comes_through_zeromq(connection, spin_long):
@@ -179,14 +179,14 @@ def test_a_slot_that_does_not_verify_is_not_believed(connection):
         token, msg_id = reply_slot.new_token(), new_id()
         forged = Session(b"k" * 32).pack({"op": "reply", "id": new_id(), "parent": msg_id, "result": "forged"})
         assert reply_slot.write(block.buffer(), token, forged)
-        assert connection._watch(block, 0.01, token, msg_id) is None
+        assert connection.transport._watch(block, 0.01, token, msg_id) is None
         genuine = Session(connection.info.key_bytes).pack({"op": "reply", "id": new_id(), "parent": msg_id})
         reply_slot.write(block.buffer(), token, genuine)
-        assert connection._watch(block, 0.01, token, msg_id)[0]["parent"] == msg_id
-        assert connection._watch(block, 0.01, token, new_id()) is None  # another request's reply
+        assert connection.transport._watch(block, 0.01, token, msg_id)[0]["parent"] == msg_id
+        assert connection.transport._watch(block, 0.01, token, new_id()) is None  # another request's reply
         genuine[1] = genuine[1].replace(b"reply", b"rEply")
         reply_slot.write(block.buffer(), token, genuine)
-        assert connection._watch(block, 0.01, token, msg_id) is None
+        assert connection.transport._watch(block, 0.01, token, msg_id) is None
     finally:
         block.release()
 
@@ -206,7 +206,7 @@ def test_a_slot_that_does_not_verify_is_not_believed(connection):
 def test_a_bad_reply_slot_is_passed_over_and_answered_through_zeromq(connection, slot):
     if isinstance(slot, dict):
         slot = {"token": 7, **slot}
-    reply, _ = connection._roundtrip({"op": "echo", "pool": connection.pool.name, "reply_slot": slot,
+    reply, _ = connection.transport._roundtrip({"op": "echo", "pool": connection.pool.name, "reply_slot": slot,
                                       "payload": {"args": [], "kwargs": {}}})
     assert reply["op"] == "reply"
     assert connection.status()["pid"] == connection.info.pid
@@ -227,7 +227,7 @@ def _worker_in_this_process(tmp_path, monkeypatch, watch_ms):
     from sklearn_gpu_bridge.worker.backends import SklearnBackend
     from sklearn_gpu_bridge.worker.server import Worker
 
-    monkeypatch.setattr(client, "SPIN_SECONDS", 60.0)
+    monkeypatch.setattr(fastpath, "SPIN_SECONDS", 60.0)
     worker = Worker(SklearnBackend(), connection_file=str(tmp_path / "worker.json"), threads=2,
                     watch_ms=watch_ms).start()
     thread = threading.Thread(target=worker.serve_forever, daemon=True)
@@ -235,7 +235,7 @@ def _worker_in_this_process(tmp_path, monkeypatch, watch_ms):
     connections = []
 
     def connect():
-        connections.append(client.Connection(read_connection_file(tmp_path / "worker.json")))
+        connections.append(client.connect(read_connection_file(tmp_path / "worker.json")))
         return connections[-1]
 
     yield worker, connect
@@ -280,7 +280,7 @@ def test_the_next_requests_are_read_from_the_request_slot_and_never_sent_twice(w
     X = np.random.default_rng(3).standard_normal((200, 5)) * 3 + 1
 
     def watched():  # a thread watches the slot for the next request (else the client rings: one process here)
-        link = connection._link()
+        link = connection.transport._link()
         return reply_slot.watch_word(link.request_slot.buffer())[0] == link.next_token
 
     with sklearn_gpu_bridge.config_context(reply_wait="spin"):
@@ -309,8 +309,8 @@ def test_a_request_slot_that_does_not_verify_costs_only_the_wait_for_its_zeromq_
     X = np.random.default_rng(4).standard_normal((50, 3))
     with sklearn_gpu_bridge.config_context(reply_wait="spin"):
         _scaled(connection, X)
-        link = connection._link()
-        forged = Session(b"k" * 32).pack({"op": "call", "id": new_id(), "client": connection.client_id})
+        link = connection.transport._link()
+        forged = Session(b"k" * 32).pack({"op": "call", "id": new_id(), "client": connection.transport.client_id})
         assert reply_slot.write(link.request_slot.buffer(), link.next_token, forged)
         assert wait_until(lambda: worker.session.refused["bad_signature"] == 1, 10)
         assert_same(_scaled(connection, X + 1), StandardScaler().fit_transform(X + 1))  # through ZeroMQ
@@ -354,7 +354,7 @@ def test_a_request_the_worker_does_not_take_from_its_slot_is_sent_through_zeromq
 
     def calls():
         _scaled(connection, X)
-        link = connection._link()
+        link = connection.transport._link()
         assert wait_until(lambda: reply_slot.watch_word(link.request_slot.buffer())[0] == link.next_token, 10)
         monkeypatch.setattr(reply_slot, "write", torn)
         return _scaled(connection, X + 1)
@@ -371,7 +371,7 @@ def test_a_request_that_no_thread_takes_is_sent_through_zeromq(ringing_worker, m
     waits on the socket for a reply to a request that nobody has."""
     if ends == "spin":
         monkeypatch.setattr(reply_slot, "COPY_AFTER", float("inf"))
-        monkeypatch.setattr(client, "SPIN_SECONDS", 0.001)
+        monkeypatch.setattr(fastpath, "SPIN_SECONDS", 0.001)
     worker, connect = ringing_worker
     connection = connect()
     X = np.random.default_rng(6).standard_normal((30, 3))
@@ -413,12 +413,12 @@ def test_a_request_slot_holding_another_clients_request_is_not_run_for_its_owner
     with sklearn_gpu_bridge.config_context(reply_wait="spin"):
         handle = victim.fit("StandardScaler", {}, "fit", [X], {}).handle
         _scaled(hostile, X)
-        link = hostile._link() if way == "watched" else _armed(worker, hostile)
-        stolen = hostile.session.pack({"op": "call", "id": new_id(), "client": victim.client_id, "handle": handle,
+        link = hostile.transport._link() if way == "watched" else _armed(worker, hostile)
+        stolen = hostile.transport.session.pack({"op": "call", "id": new_id(), "client": victim.transport.client_id, "handle": handle,
                                        "method": "transform", "payload": {"args": [], "kwargs": {}}})
         assert reply_slot.write(link.request_slot.buffer(), link.next_token, stolen)
         if way == "rung":
-            hostile._doorbell.send(link.ring)
+            hostile.transport._doorbell.send(link.ring)
         assert wait_until(lambda: worker.session.refused["slot_not_owner"] == 1, 10)
         assert worker.counts["call"] == 0  # nothing ran
         assert_same(victim.call(handle, "transform", [X], {}), StandardScaler().fit(X).transform(X))
@@ -434,12 +434,12 @@ def test_a_request_slot_in_a_pool_its_client_did_not_attach_is_not_watched(watch
     X = np.random.default_rng(6).standard_normal((40, 3)) + 2
     with sklearn_gpu_bridge.config_context(reply_wait="spin"):
         _scaled(victim, X)
-        link = victim._link()
+        link = victim.transport._link()
         block = link.request_slot
         slot = {"segment": block.segment, "offset": block.offset, "nbytes": block.nbytes, "token": link.next_token}
         for token in (link.next_token, 12345):  # the victim's own, and one the worker would write as watched
             with pytest.raises(ProtocolError, match="did not attach"):
-                hostile._roundtrip({"op": "echo", "pool": victim.pool.name, "next_slot": {**slot, "token": token},
+                hostile.transport._roundtrip({"op": "echo", "pool": victim.pool.name, "next_slot": {**slot, "token": token},
                                     "payload": {"args": [], "kwargs": {}}})
         memory = block.buffer()  # the worker writes into a watched slot: never into this one for the key holder
         assert not wait_until(lambda: reply_slot.watch_word(memory)[0] == 12345, 0.5)
@@ -453,7 +453,7 @@ def test_a_request_slot_in_a_pool_its_client_did_not_attach_is_not_watched(watch
 
 def _armed(worker, connection):
     """Wait until the worker has armed ``connection``'s request slot (after its reply), and return its link."""
-    link = connection._link()
+    link = connection.transport._link()
     assert wait_until(lambda: link.ring in worker._armed, 10)
     return link
 
@@ -463,7 +463,7 @@ def _answer(connection, link, msg_id, timeout=10.0):
     are passed over), or None within ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while link.socket.poll(max(0.0, deadline - time.monotonic()) * 1000):
-        header, _ = connection.session.unpack(link.socket.recv_multipart())
+        header, _ = connection.transport.session.unpack(link.socket.recv_multipart())
         if header.get("parent") == msg_id:
             return header
     return None
@@ -488,7 +488,7 @@ def test_a_worker_thread_watches_as_long_as_its_watch_ms_says(watch, request):
         for k in range(5):
             assert_same(_scaled(connection, X + k), StandardScaler().fit_transform(X + k))
             time.sleep(0.030)
-            armed.append(connection._link().ring in worker._armed)
+            armed.append(connection.transport._link().ring in worker._armed)
     assert not any(armed), armed
     assert worker.counts["rung"] == 0
     assert 1 <= worker.counts["from_slot"] <= 4  # the reader may still take a ZeroMQ copy first (one process here)
@@ -515,15 +515,15 @@ def test_a_request_written_after_the_watch_is_read_when_the_doorbell_rings(ringi
 
 def _ring_with_echo(connection, link, msg_id):
     """Write an echo request into ``link``'s armed request slot and ring the doorbell, with no ZeroMQ copy."""
-    request = connection.session.pack({"op": "echo", "id": msg_id, "client": connection.client_id,
+    request = connection.transport.session.pack({"op": "echo", "id": msg_id, "client": connection.transport.client_id,
                                        "payload": {"args": [7, "seven"], "kwargs": {}}})
     assert reply_slot.write(link.request_slot.buffer(), link.next_token, request)
-    connection._doorbell.send(link.ring)
+    connection.transport._doorbell.send(link.ring)
 
 
 def _watched_for_next(connection):
     """Whether a worker thread watches ``connection``'s request slot (this thread's) for its next request."""
-    link = connection._link()
+    link = connection.transport._link()
     return reply_slot.watch_word(link.request_slot.buffer())[0] == link.next_token
 
 
@@ -535,16 +535,16 @@ def test_an_estimator_call_rings_ahead_and_its_request_is_taken_by_a_thread_alre
     would be woken only by the ring sent with the request."""
     worker, connect = ringing_worker
     connection = connect()
-    monkeypatch.setattr(client, "_connection", connection)  # the estimators' connection
+    monkeypatch.setattr(discovery, "_connection", connection)  # the estimators' connection
     X = np.random.default_rng(12).standard_normal((40, 3))
     with sklearn_gpu_bridge.config_context(reply_wait="spin"):
         scaler = GPUStandardScaler().fit(X)
         _armed(worker, connection)
         worker.watch_ms = 60_000.0  # from now on a watch lasts until the request comes (a slow host included)
         rings = worker.counts["rings"]
-        client.heads_up()  # what the estimator's call does first
+        discovery.heads_up()  # what the estimator's call does first
         assert wait_until(lambda: _watched_for_next(connection), 10), "no thread watched after the heads-up"
-        assert connection._link().ring not in worker._armed
+        assert connection.transport._link().ring not in worker._armed
         assert_same(scaler.transform(X), StandardScaler().fit(X).transform(X))  # rings ahead too: watched, no ring
     assert worker.counts["heads_up"] == 1 and worker.counts["rung"] == 0
     assert worker.counts["rings"] == rings + 1  # the heads-up alone
@@ -562,7 +562,7 @@ def test_a_call_whose_x_is_copied_on_all_cores_does_not_ring_ahead(ringing_worke
 
     worker, connect = ringing_worker
     connection = connect()
-    monkeypatch.setattr(client, "_connection", connection)
+    monkeypatch.setattr(discovery, "_connection", connection)
     X = np.random.default_rng(14).standard_normal((PARALLEL_MIN // 8 // 16 + 1, 16))
     if kind == "DataFrame":
         X = pytest.importorskip("pandas").DataFrame(X, columns=[f"f{i}" for i in range(16)])
@@ -610,9 +610,9 @@ def test_a_watch_started_by_a_heads_up_gives_way_to_other_clients(ringing_worker
 def test_a_slot_armed_too_long_ago_is_not_read_when_rung(ringing_worker, monkeypatch):
     """An armed slot whose thread has been idle longer than ARMED_SECONDS is dropped, not read when a ring
     names it (the client's ZeroMQ copy is what counts then)."""
-    from sklearn_gpu_bridge.worker import server
+    from sklearn_gpu_bridge.worker import fastpath as worker_fastpath
 
-    monkeypatch.setattr(server, "ARMED_SECONDS", 0.2)
+    monkeypatch.setattr(worker_fastpath, "ARMED_SECONDS", 0.2)
     worker, connect = ringing_worker
     connection = connect()
     with sklearn_gpu_bridge.config_context(reply_wait="spin"):
@@ -629,9 +629,9 @@ def test_a_slot_armed_too_long_ago_is_not_read_when_rung(ringing_worker, monkeyp
 def test_armed_slots_are_bounded_however_many_threads_a_client_keeps(ringing_worker, monkeypatch):
     """Each thread that calls arms its request slot after its reply; a client (hostile or not) that keeps many
     threads never makes the worker hold more than MAX_ARMED of them: the oldest go."""
-    from sklearn_gpu_bridge.worker import server
+    from sklearn_gpu_bridge.worker import fastpath as worker_fastpath
 
-    monkeypatch.setattr(server, "MAX_ARMED", 3)
+    monkeypatch.setattr(worker_fastpath, "MAX_ARMED", 3)
     worker, connect = ringing_worker
     connection = connect()
     X = np.random.default_rng(11).standard_normal((30, 3))
@@ -691,7 +691,7 @@ def test_rings_alone_read_nothing_and_cost_nothing(ringing_worker):
     with sklearn_gpu_bridge.config_context(reply_wait="spin"):
         _scaled(connection, X)
         link = _armed(worker, connection)
-        bell = connection._doorbell
+        bell = connection.transport._doorbell
         rings = 0
         try:
             while rings < 100_000:
@@ -727,9 +727,8 @@ while time.monotonic() < end:
 def test_a_ring_flood_takes_one_turn_of_rings_at_a_time(ringing_worker, monkeypatch):
     """Three processes of the worker's user ring the doorbell as fast as it reads, with names of no slot: the
     reader takes at most ``RINGS_IN_TURN`` rings before it looks at its socket again, so another client's
-    pings are answered throughout. A reader that read rings until none were left took turns of 48,000-57,000
-    rings here (three runs on the 2-core VM)."""
-    from sklearn_gpu_bridge.worker import server
+    pings are answered throughout (a reader that read rings until none were left took turns of some 50,000)."""
+    from sklearn_gpu_bridge.worker import fastpath as worker_fastpath
 
     worker, connect = ringing_worker
     connection = connect()
@@ -747,9 +746,9 @@ def test_a_ring_flood_takes_one_turn_of_rings_at_a_time(ringing_worker, monkeypa
     path, _ = worker.doorbell
     flooders = [subprocess.Popen([sys.executable, "-c", _FLOOD, str(path), "20"]) for _ in range(3)]
     try:
-        assert wait_until(lambda: worker.counts["rings"] > 10 * server.RINGS_IN_TURN, 20), "the flood never came"
+        assert wait_until(lambda: worker.counts["rings"] > 10 * worker_fastpath.RINGS_IN_TURN, 20), "the flood never came"
         pings = 0
-        while pings < 50 or (worker.counts["rings"] < 20 * server.RINGS_IN_TURN
+        while pings < 50 or (worker.counts["rings"] < 20 * worker_fastpath.RINGS_IN_TURN
                              and all(flooder.poll() is None for flooder in flooders)):  # until the flood ends
             assert connection.ping(timeout=10), "a ping was not answered during the flood"
             pings += 1
@@ -757,7 +756,7 @@ def test_a_ring_flood_takes_one_turn_of_rings_at_a_time(ringing_worker, monkeypa
         for flooder in flooders:
             flooder.kill()
             flooder.wait()
-    assert max(turns) <= server.RINGS_IN_TURN, max(turns)
+    assert max(turns) <= worker_fastpath.RINGS_IN_TURN, max(turns)
     assert worker.counts["failed"] == 0 and not worker.session.refused
 
 
@@ -792,9 +791,9 @@ def test_a_client_never_rings_a_socket_another_user_put_where_the_doorbell_shoul
                                env={"PATH": "/usr/bin:/bin", "HOME": "/"}, cwd="/")
     try:
         assert process.stdout.readline().split() == ["READY"]
-        bell = client._open_doorbell(str(path))
+        bell = fastpath.open_doorbell(str(path))
         if bell is not None:  # what the check keeps from happening
-            client._ring(bell, b"client:0:4096")
+            fastpath.ring_doorbell(bell, b"client:0:4096")
         assert bell is None
         out, _ = process.communicate(timeout=10)
         assert out.split() == ["NOTHING"], out
@@ -810,15 +809,15 @@ def test_a_ring_to_a_worker_that_is_gone_neither_raises_nor_kills(tmp_path):
     process carries on. (A datagram socket raises no SIGPIPE on Linux; the flag is kept for other systems.)"""
     script = (
         "import signal, socket, sys\n"
-        "from sklearn_gpu_bridge.client import connection as client\n"
+        "from sklearn_gpu_bridge.transport import fastpath\n"
         "signal.signal(signal.SIGPIPE, signal.SIG_DFL)\n"
         "worker = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)\n"
         "worker.bind(sys.argv[1])\n"
-        "bell = client._open_doorbell(sys.argv[1])\n"
+        "bell = fastpath.open_doorbell(sys.argv[1])\n"
         "assert bell is not None\n"
-        "client._ring(bell, b'ring')\n"
+        "fastpath.ring_doorbell(bell, b'ring')\n"
         "worker.close()\n"
-        "client._ring(bell, b'ring')\n"
+        "fastpath.ring_doorbell(bell, b'ring')\n"
         "print('CARRIED ON')\n"
     )
     run = subprocess.run([sys.executable, "-c", script, str(tmp_path / "w.bell")], capture_output=True, text=True,
@@ -850,6 +849,6 @@ def test_a_request_read_from_its_slot_after_a_reconnect_is_answered_on_the_new_c
 def test_the_client_imports_where_sockets_have_no_posix_flags():
     """Windows has neither MSG_DONTWAIT nor MSG_NOSIGNAL (and rings no doorbell): the client must import there."""
     script = ("import socket\nfor flag in ('MSG_DONTWAIT', 'MSG_NOSIGNAL'):\n    if hasattr(socket, flag):\n"
-              "        delattr(socket, flag)\nimport sklearn_gpu_bridge.client.connection\nprint('IMPORTED')\n")
+              "        delattr(socket, flag)\nimport sklearn_gpu_bridge.transport.fastpath\nprint('IMPORTED')\n")
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0 and "IMPORTED" in run.stdout, run.stderr[-2000:]

@@ -27,11 +27,11 @@ from sklearn.preprocessing import StandardScaler
 
 import sklearn_gpu_bridge
 from sklearn_gpu_bridge import GPUStandardScaler, ProtocolError
-from sklearn_gpu_bridge.client.connection import Connection
+from sklearn_gpu_bridge.client import connect
 from sklearn_gpu_bridge.errors import ConfigurationError
+from sklearn_gpu_bridge.protocol import Session, new_id
 from sklearn_gpu_bridge.runtime.keys import derived_client_pair
 from sklearn_gpu_bridge.runtime.keys import make_pair as make_curve_keys
-from sklearn_gpu_bridge.protocol import Session, new_id
 from sklearn_gpu_bridge.worker import check_settings
 
 from .conftest import RawClient, WorkerProcess, assert_same, nested_tuples, use_worker
@@ -237,7 +237,7 @@ def test_estimator_outside_the_backend_table_is_refused(connection, name):
     handles = connection.status()["handles"]
     header = {"op": "fit", "estimator": name, "method": "fit", "params": {}}
     with pytest.raises(ValueError, match="unknown estimator"):
-        connection.request(header, {"args": [], "kwargs": {}})
+        connection.transport.request(header, {"args": [], "kwargs": {}})
     assert connection.status()["handles"] == handles
 
 
@@ -246,7 +246,7 @@ def test_fit_with_a_method_that_does_not_fit_is_refused(connection, method):
     handles = connection.status()["handles"]
     header = {"op": "fit", "estimator": "StandardScaler", "method": method, "params": {}}
     with pytest.raises(ProtocolError, match="not a fitting method"):
-        connection.request(header, {"args": [np.ones((3, 2))], "kwargs": {}})
+        connection.transport.request(header, {"args": [np.ones((3, 2))], "kwargs": {}})
     assert connection.status()["handles"] == handles
 
 
@@ -509,7 +509,7 @@ def test_curve_lets_in_only_allowed_client_keys(curve_worker):
 
 
 def _status_of_curve(process):
-    connection = Connection(process.info, pool="off", array_cache="off")
+    connection = connect(process.info, pool="off", array_cache="off")
     try:
         return connection.status()
     finally:

@@ -21,13 +21,12 @@ import pytest
 from click.testing import CliRunner
 
 import sklearn_gpu_bridge
-from sklearn_gpu_bridge.manage import doctor, service
-from sklearn_gpu_bridge.runtime.private_files import exited
-from sklearn_gpu_bridge.manage.state_file import read_state, state_path
 from sklearn_gpu_bridge.cli import main as cli_main
-from sklearn_gpu_bridge.runtime.connection_file import read_connection_file
+from sklearn_gpu_bridge.manage import doctor, service
+from sklearn_gpu_bridge.manage.state_file import read_state, state_path
 from sklearn_gpu_bridge.protocol import PROTOCOL_VERSION
-from sklearn_gpu_bridge.runtime.private_files import pid_alive
+from sklearn_gpu_bridge.runtime.connection_file import read_connection_file
+from sklearn_gpu_bridge.runtime.private_files import exited, pid_alive
 
 
 def _env(home):

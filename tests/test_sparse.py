@@ -17,8 +17,15 @@ from sklearn.preprocessing import StandardScaler
 from sklearn.utils.validation import check_array
 
 import sklearn_gpu_bridge
-from sklearn_gpu_bridge import (GPUElasticNet, GPUKNeighborsRegressor, GPULasso, GPUMultinomialNB, GPUNearestNeighbors,
-                                GPURidge, GPUStandardScaler)
+from sklearn_gpu_bridge import (
+    GPUElasticNet,
+    GPUKNeighborsRegressor,
+    GPULasso,
+    GPUMultinomialNB,
+    GPUNearestNeighbors,
+    GPURidge,
+    GPUStandardScaler,
+)
 from sklearn_gpu_bridge.estimators import load_all
 
 from .conftest import BACKEND, assert_same

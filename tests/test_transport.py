@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 
 import sklearn_gpu_bridge
-from sklearn_gpu_bridge.manage import transport_select as transport_choice
-from sklearn_gpu_bridge.runtime.connection_file import read_connection_file
+from sklearn_gpu_bridge.manage import transport_select
 from sklearn_gpu_bridge.manage.measure import measure
-from sklearn_gpu_bridge.shm.pool import default_directory
 from sklearn_gpu_bridge.manage.state_file import update_state
+from sklearn_gpu_bridge.runtime.connection_file import read_connection_file
+from sklearn_gpu_bridge.shm.pool import default_directory
 
 
 @pytest.fixture
@@ -31,7 +31,7 @@ def _record(path, choice, pool_directory, pid=4242, results=()):
 
 def _pool(path, **settings):
     with sklearn_gpu_bridge.config_context(connection_file=str(path), **settings):
-        pool, pool_directory, _ = transport_choice.client_transport()
+        pool, pool_directory, _ = transport_select.client_transport()
     return pool, pool_directory
 
 
@@ -84,11 +84,11 @@ def test_choose_prefers_frames_unless_a_pool_is_clearly_faster():
     frames = {"name": "frames", "pool_directory": None, "available": True, "coherent": True, "mb_per_s": 1000}
     pool = {"name": "shm", "pool_directory": "/dev/shm", "available": True, "coherent": True, "mb_per_s": 1050}
     stale = {"name": "windows-disk", "pool_directory": "C:\\p", "available": True, "coherent": False}
-    assert transport_choice.choose([frames, pool, stale]) is frames  # within 10%: the simpler path
+    assert transport_select.choose([frames, pool, stale]) is frames  # within 10%: the simpler path
     pool["mb_per_s"] = 5000
-    assert transport_choice.choose([frames, pool, stale]) is pool
-    assert transport_choice.choose([stale]) is None
-    assert transport_choice.choose([dict(stale, coherent=True, mb_per_s=9e9, available=False)]) is None
+    assert transport_select.choose([frames, pool, stale]) is pool
+    assert transport_select.choose([stale]) is None
+    assert transport_select.choose([dict(stale, coherent=True, mb_per_s=9e9, available=False)]) is None
 
 
 def test_measure_against_a_real_worker_checks_every_byte(worker, tmp_path):
@@ -101,5 +101,5 @@ def test_measure_against_a_real_worker_checks_every_byte(worker, tmp_path):
     assert by_name["folder"]["coherent"] and by_name["folder"]["path"] == "pool"
     assert by_name["frames"]["mb_per_s"] > 0 and by_name["frames"]["latency_ms"] > 0
     assert not by_name["unseen"]["available"] and "--pool-dir" in by_name["unseen"]["why"]
-    assert transport_choice.choose(results)["name"] in ("frames", "default", "folder")
+    assert transport_select.choose(results)["name"] in ("frames", "default", "folder")
     assert np.isfinite(by_name["default"]["mb_per_s"])

@@ -32,12 +32,12 @@ from sklearn.preprocessing import StandardScaler
 
 import sklearn_gpu_bridge
 from sklearn_gpu_bridge import GPUStandardScaler
-from sklearn_gpu_bridge.client.connection import Connection
-from sklearn_gpu_bridge.runtime.connection_file import read_connection_file, read_key_file
+from sklearn_gpu_bridge.client import connect
 from sklearn_gpu_bridge.errors import ConfigurationError
-from sklearn_gpu_bridge.runtime.private_files import pid_alive
-from sklearn_gpu_bridge.runtime.keys import PLAIN_USER
 from sklearn_gpu_bridge.protocol import PROTOCOL_VERSION, Session, new_id
+from sklearn_gpu_bridge.runtime.connection_file import read_connection_file, read_key_file
+from sklearn_gpu_bridge.runtime.keys import PLAIN_USER
+from sklearn_gpu_bridge.runtime.private_files import pid_alive
 from sklearn_gpu_bridge.shm import default_directory
 
 from .conftest import BACKEND, RawClient, WorkerProcess, assert_same, own_worker, record, wait_until
@@ -302,7 +302,7 @@ def test_a_peer_without_the_key_cannot_stall_or_bloat_the_worker(tcp_worker, kin
     """
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    connection = Connection(tcp_worker.info, pool="off", array_cache="off")
+    connection = connect(tcp_worker.info, pool="off", array_cache="off")
     try:
         idle = []
         for _ in range(50):
@@ -424,9 +424,9 @@ def test_another_clients_pool_is_not_written_with_a_reply(connection, hostile):
 _TRUNCATING_CLIENT = textwrap.dedent("""
     import json, os, sys
     import numpy as np
-    from sklearn_gpu_bridge.client.connection import Connection
+    from sklearn_gpu_bridge.client import connect
     from sklearn_gpu_bridge.runtime.connection_file import read_connection_file
-    conn = Connection(read_connection_file(sys.argv[1]), pool_directory=sys.argv[2])  # a file pool
+    conn = connect(read_connection_file(sys.argv[1]), pool_directory=sys.argv[2])  # a file pool
     assert conn.pool is not None and conn.pool.kind == "file"
     block = conn.pool.allocate(8 << 20)
     block.buffer()[:] = bytes(8 << 20)
@@ -435,7 +435,7 @@ _TRUNCATING_CLIENT = textwrap.dedent("""
     desc = {"dtype": "<f8", "shape": [1 << 20], "order": "C", "where": "pool", "segment": block.segment,
             "offset": block.offset}
     try:
-        conn._roundtrip({"op": "echo", "pool": conn.pool.name, "arrays": [desc],
+        conn.transport._roundtrip({"op": "echo", "pool": conn.pool.name, "arrays": [desc],
                          "payload": {"args": [{"__array__": 0}], "kwargs": {}}})
         print(json.dumps({"answered": True}))
     except Exception as exc:
@@ -492,7 +492,7 @@ def test_a_message_for_an_earlier_run_is_refused_after_a_restart(tmp_path):
             assert replayer.receive(1000) is None
         finally:
             replayer.close()
-        checker = Connection(second.info, pool="off")
+        checker = connect(second.info, pool="off")
         status = checker.status()
         checker.close()
         assert status["refused"] == {"wrong_worker": 1} and status["handles"] == 0
@@ -535,7 +535,7 @@ def test_a_clients_backlog_waits_its_turn_and_goes_when_it_goes(busy_worker):
     """Eight queued slow fits of one client: another client's request runs next, and the backlog of a client
     that said goodbye never runs."""
     backlog, other = KeyHolder(busy_worker), KeyHolder(busy_worker)
-    checker = Connection(busy_worker.info, pool="off")
+    checker = connect(busy_worker.info, pool="off")
     try:
         sent = [backlog.send("fit", **_slow_fit_fields()) for _ in range(8)]
         time.sleep(0.5)  # the first is running
@@ -602,7 +602,7 @@ def test_a_client_that_never_reads_its_replies_cannot_bloat_the_worker(tmp_path,
         rss_before = _rss_mb(process.pid)
         for _ in range(600):
             reader.send("echo", [data], arrays=[desc], payload={"args": [{"__array__": 0}], "kwargs": {}})
-        honest = Connection(process.info, pool="off")
+        honest = connect(process.info, pool="off")
         assert wait_until(lambda: honest.status()["queued"] == 0, 60)
         rss_after = _rss_mb(process.pid)
         honest.close()

@@ -28,8 +28,18 @@ from sklearn.naive_bayes import GaussianNB
 from sklearn.pipeline import Pipeline, make_pipeline
 from sklearn.preprocessing import OneHotEncoder
 
-from sklearn_gpu_bridge import (GPUKMeans, GPULogisticRegression, GPUMultinomialNB, GPUNearestNeighbors, GPUPCA,
-                                GPURandomForestRegressor, GPURidge, GPUStandardScaler, GPUSVC, GPUTruncatedSVD)
+from sklearn_gpu_bridge import (
+    GPUPCA,
+    GPUSVC,
+    GPUKMeans,
+    GPULogisticRegression,
+    GPUMultinomialNB,
+    GPUNearestNeighbors,
+    GPURandomForestRegressor,
+    GPURidge,
+    GPUStandardScaler,
+    GPUTruncatedSVD,
+)
 from sklearn_gpu_bridge.protocol import to_plain
 from sklearn_gpu_bridge.worker.backends import SklearnBackend
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from sklearn_gpu_bridge.manage import wsl
-from sklearn_gpu_bridge.runtime.private_files import make_private_folder, windows_user
 from sklearn_gpu_bridge.manage.service import worker_argv
+from sklearn_gpu_bridge.runtime.private_files import make_private_folder, windows_user
 
 
 @pytest.mark.parametrize("windows, linux", [

@@ -12,7 +12,6 @@ import contextlib
 import functools
 import inspect
 import logging
-import os
 import platform
 import re
 
@@ -69,8 +68,8 @@ def use_device_memory(kind):
 
     cuML and CuPy allocate through RMM, whose default calls cudaMalloc and cudaFree for every array, and
     cudaFree waits for the whole device. A small call allocates and frees dozens of arrays (StandardScaler
-    5000x20: 46, which spent 0.55-0.75 ms of a 3-4 ms call in RMM's CuPy allocator on the H200 machine,
-    ``results/gpu-h200-1125f/thread-penalty.txt``). ``"async"``: CUDA's stream-ordered allocator
+    5000x20: 46, which take 0.55-0.75 ms of a 3-4 ms call in RMM's CuPy allocator on an H200).
+    ``"async"``: CUDA's stream-ordered allocator
     (cudaMallocAsync), as dask-cuda's ``--rmm-async`` sets it: freed memory is reused without waiting for
     the device, and what the pool holds beyond :data:`ASYNC_POOL_KEEPS` goes back at the next
     synchronization. ``"async-cupy"`` (the default): the same, and CuPy's arrays from CuPy's own
@@ -99,8 +98,8 @@ def use_device_memory(kind):
 def _cupy_allocates_itself(cupy, keeps):
     """CuPy's arrays from CuPy's own stream-ordered allocator (``MemoryAsyncPool``, Cython) on the device's
     default pool, not through RMM's ``rmm_cupy_allocator``, which cuML installs at import: that one runs Python
-    for every array (an RMM buffer, CuPy's wrappers of it), 0.17-0.27 ms of a small call in the H200's samples
-    (results/gpu-h200-1127/sampled.txt). The pool keeps up to ``keeps`` bytes for reuse, as RMM's does."""
+    for every array (an RMM buffer, CuPy's wrappers of it), 0.17-0.27 ms of a small call on an H200. The pool
+    keeps up to ``keeps`` bytes for reuse, as RMM's does."""
     runtime = cupy.cuda.runtime
     try:
         pool = runtime.deviceGetDefaultMemPool(cupy.cuda.Device().id)
@@ -118,24 +117,8 @@ def _check_device_memory(kind):
         raise ValueError(f"device_memory must be one of {', '.join(DEVICE_MEMORY_KINDS)}, not {kind!r}")
 
 
-#: a float X of this many bytes or more goes to the device before cuML sees it (CumlBackend.inputs): every one.
-#: Until the twenty-third session of issue 15 only X of 8 MiB and more did; copying a small one too took, round by
-#: round after a ``gc.collect()`` on the H200, 0.23-0.57 ms off PCA(5) on 5000 x 20, 0.35-0.79 ms off StandardScaler
-#: and 0.16-0.33 ms off a LinearRegression pair (results/gpu-h200-1128c/)
-DEVICE_COPY_MIN_BYTES = 0
-#: a worker's environment may set another threshold (8388608: the one before)
-DEVICE_COPY_ENV = "SKLEARN_GPU_BRIDGE_DEVICE_COPY_MIN_BYTES"
+#: the dtypes of an X that the cuML backend copies to the device itself (CumlBackend.inputs)
 DEVICE_COPY_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
-
-
-def device_copy_min_bytes():
-    """:data:`DEVICE_COPY_MIN_BYTES`, or what the worker's environment says (``DEVICE_COPY_ENV``)."""
-    value = os.environ.get(DEVICE_COPY_ENV)
-    try:
-        return DEVICE_COPY_MIN_BYTES if value is None else int(value)
-    except ValueError:
-        log.warning("%s=%r is not a number of bytes; using %d", DEVICE_COPY_ENV, value, DEVICE_COPY_MIN_BYTES)
-        return DEVICE_COPY_MIN_BYTES
 
 
 def checked_finite(finite):
@@ -143,11 +126,11 @@ def checked_finite(finite):
 
     The wrappers run scikit-learn's own check (and word its error) before
     anything is sent; checking again here would read every array once more:
-    cuML's check sums a numpy X on the CPU in one thread, 26 ms a call
-    in the worker's profile on the H100 machine. A client that says so of arrays it did not
-    check gets what the estimator makes of a NaN (only a key holder can say
-    it, and a key holder can run code here anyway). The setting is per
-    thread, so other requests keep their checks.
+    cuML's check sums a numpy X on the CPU in one thread (26 ms a call on an
+    H100 host). A client that says so of arrays it did not check gets what
+    the estimator makes of a NaN (only a key holder can say it, and a key
+    holder can run code here anyway). The setting is per thread, so other
+    requests keep their checks.
     """
     if not finite:
         return contextlib.nullcontext()
@@ -331,7 +314,6 @@ class CumlBackend(Backend):
             self.host_labels = labels.encode_on_host(validation)  # labels.HostLabels, or None
         cuml.set_global_output_type("numpy")
         self._cuml = cuml
-        self.device_copy_min_bytes = device_copy_min_bytes()
 
     def host_pinning(self):
         """Pool segments registered with the CUDA driver: copies to and from the GPU by DMA (pinning.py)."""
@@ -341,20 +323,18 @@ class CumlBackend(Backend):
         return HostPinning(lambda address, nbytes: runtime.hostRegister(address, nbytes, 0), runtime.hostUnregister)
 
     def inputs(self, args):
-        """A float X copied to the device here, in one copy (a DMA where it lies in a page-locked pool segment),
-        from :data:`DEVICE_COPY_MIN_BYTES` up.
+        """A float X copied to the device here, in one copy (a DMA where it lies in a page-locked pool segment).
 
         Given a numpy array, cuML's input check copies it with ``cupy.array``, which stages every host array
         through a pinned buffer of CuPy's own by a copy on one CPU core, into the order the estimator asks
-        for, and again in each step that checks X (cuML's PCA ``fit_transform`` has been ``fit(X).transform(X)``);
+        for, and again in each step that checks X (cuML's PCA ``fit_transform`` is ``fit(X).transform(X)``);
         given a device array, cuML changes its order on the device. Either way the same bytes reach the
-        estimator. PCA(10) on 1M x 100 on the H200 machine: 0.88 s before, 0.065 s after
-        (``results/gpu-h200-1125c/device-copy-*.txt``); PCA(5) on 5000 x 20, cuML's step on the worker after a
-        ``gc.collect()`` / a pause as long: 2.12 / 2.05 ms before, 1.73 / 1.81 ms after (``results/gpu-h200-1128c/``).
+        estimator, and the copy here is faster for small and large X alike: on an H200, PCA(10) on 1M x 100
+        takes 0.065 s instead of 0.88 s, PCA(5) on 5000 x 20 about 1.8 ms instead of 2.1 ms.
         """
         X = args[0] if args else None
         if (type(X) is not np.ndarray or X.ndim != 2 or X.dtype not in DEVICE_COPY_DTYPES
-                or X.nbytes < self.device_copy_min_bytes or not (X.flags.c_contiguous or X.flags.f_contiguous)):
+                or not (X.flags.c_contiguous or X.flags.f_contiguous)):
             return args
         return [to_device(X), *args[1:]]
 

@@ -2,8 +2,8 @@
 
 ``warnings.catch_warnings(record=True)`` swaps state of the whole process (the filters, the function that
 shows a warning) and puts back on exit what it found on entry. The worker runs requests of several clients
-at once on its threads, so two that overlap swapped it under each other: a warning of one request landed in
-the other's reply (another client's), or on the worker's stderr when the other exited first.
+at once on its threads, so two that overlap would swap it under each other: a warning of one request would
+land in the other's reply (another client's), or on the worker's stderr when the other exited first.
 
 Here the state is swapped once for all the requests that run at once: when the first of them starts, every
 warning is shown (``simplefilter("always")``: the client warns again with each, under its user's filters)

@@ -4,9 +4,8 @@ A cuML classifier that checks its input with ``check_inputs(..., return_classes=
 (LogisticRegression, SVC, RandomForestClassifier, the naive Bayes classifiers, MBSGDClassifier)
 encodes y with ``cupy.unique(y, return_inverse=True)``: a sort on the device, a wait for the number
 of classes, the classes copied back. For 5000 labels that is 1.5-1.8 ms after a ``gc.collect()`` on
-the H100 machine, 0.8-1.1 ms back to back (``results/gpu-h100-1128b/host-labels*.txt``), spent on
-labels the bridge's client has encoded already (``_classes_and_codes``): the worker gets the codes
-0..k-1, every one of them present. For such a y the answer is known without the device: the classes
+an H100, 0.8-1.1 ms back to back, spent on labels the bridge's client has encoded already
+(``_classes_and_codes``): the worker gets the codes 0..k-1, every one of them present. For such a y the answer is known without the device: the classes
 are 0..k-1 and the codes are y itself. The worker checks that of y on the host (:func:`own_codes`: a
 minimum, a maximum and, for more than two classes, a count; no sort) and only then answers for cuML;
 any other y, and one of more than two classes and more than :data:`HOST_MAX_SAMPLES` labels, goes to
@@ -16,13 +15,11 @@ model fitted is the same.
 Only the worker's own process is changed (a user's process that runs cuML keeps it as it is), and
 only where cuML's ``check_y`` takes the parameters this answers for, with the defaults it assumes,
 and gives the host's answers for a few labels when asked at start; a cuML that differs keeps its own
-encoding. ``SKLEARN_GPU_BRIDGE_LABELS_ON_HOST=0`` leaves cuML's encoding on: to measure what this
-saves.
+encoding.
 """
 
 import inspect
 import logging
-import os
 import threading
 
 import numpy as np
@@ -31,11 +28,9 @@ from .pinning import to_device
 
 log = logging.getLogger(__name__)
 
-LABELS_ON_HOST_ENV = "SKLEARN_GPU_BRIDGE_LABELS_ON_HOST"
 #: labels of more samples and more than two classes are left to the device: the host's count of them grows with
-#: them, the device's sort hardly does. On the H100 machine, after a gc.collect() / back to back: 131072 labels 1.4
-#: / 0.6 ms on the host against 2.5 / 2.2 on the device, 1M labels 7.2 / 5.7 against 4.1 / 3.7
-#: (results/gpu-h100-1128b/host-labels-50.txt; with a count, and the codes cast on the host). Two classes need no
+#: them, the device's sort hardly does. On an H100, after a gc.collect() / back to back: 131072 labels 1.4 / 0.6 ms
+#: on the host against 2.5 / 2.2 on the device, 1M labels 7.2 / 5.7 against 4.1 / 3.7. Two classes need no
 #: count (the least and the greatest label are there), so any number of them is answered here.
 HOST_MAX_SAMPLES = 1 << 17
 #: the parameters of cuML's check_y that the host's answer depends on, with the defaults it assumes
@@ -102,13 +97,11 @@ def same_answer(mine, theirs):
 
 def encode_on_host(validation):
     """Have ``validation`` (``cuml.internals.validation``) answer its ``check_y`` on the host where it can; the
-    :class:`HostLabels` that does, or None where :data:`LABELS_ON_HOST_ENV` is ``0`` or this cuML's ``check_y``
-    is not the one assumed (its parameters, its answers to :data:`PROBES`). Installed once per process."""
+    :class:`HostLabels` that does, or None where this cuML's ``check_y`` is not the one assumed (its parameters,
+    its answers to :data:`PROBES`). Installed once per process."""
     current = validation.check_y
     if isinstance(current, HostLabels):
         return current
-    if os.environ.get(LABELS_ON_HOST_ENV, "1") == "0":
-        return None
     try:
         parameters = inspect.signature(current).parameters
     except (TypeError, ValueError):

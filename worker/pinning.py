@@ -2,12 +2,11 @@
 
 cuML copies a numpy input to the device, and a result back, through the
 driver's staging buffers when the host memory is pageable; from memory that
-is registered with the driver (``cudaHostRegister``) it is one DMA. On the
-H100 machine a 200 MB copy takes 22 ms to the device and 14 ms back from
+is registered with the driver (``cudaHostRegister``) it is one DMA. On an
+H100 host a 200 MB copy takes 22 ms to the device and 14 ms back from
 pageable memory, 3.7 ms either way from registered memory; registering costs
-about 0.04 ms per MiB already written and 0.5 ms per MiB not yet touched
-(``benchmarks/pinning.py``, results/gpu-h100-1124/pinning-probe-2.json). A pool
-segment is reused request after request, so the worker registers it once,
+about 0.04 ms per MiB already written and 0.5 ms per MiB not yet touched. A
+pool segment is reused request after request, so the worker registers it once,
 the first time a request moves at least ``PIN_MIN_BYTES`` through it
 (:class:`sklearn_gpu_bridge.shm.PoolAttachment`), and unregisters it when
 its client's pool is detached.

@@ -20,17 +20,17 @@ accel in them too, and they reach the same worker.
 
 import atexit
 import os
-
-from . import report
+from typing import Any
 
 from ..config import ENV_ACCEL as ENV_ENABLED
+from . import report
+
 _exit_hook = []
 
 
-def install(log_level=None):
+def install(log_level: int | str | None = None) -> None:
     """Serve scikit-learn's classes through the bridge in this process and in the ones it starts."""
-    from . import cuml_alias
-    from . import serve
+    from . import cuml_alias, serve
 
     if log_level is not None:
         os.environ[report.ENV_LOG] = str(log_level)
@@ -43,7 +43,7 @@ def install(log_level=None):
         _exit_hook.append(atexit.register(report.print_at_exit))
 
 
-def uninstall():
+def uninstall() -> None:
     """Put scikit-learn's classes back (the ``cuml`` alias stays: modules may hold it)."""
     from . import serve
 
@@ -51,18 +51,19 @@ def uninstall():
     os.environ.pop(ENV_ENABLED, None)
 
 
-def is_installed():
+def is_installed() -> bool:
+    """Whether scikit-learn's classes are served through the bridge in this process now."""
     from . import serve
 
     return serve.is_installed()
 
 
-def report_table():
+def report_table() -> str:
     """Where each call of an accelerated class ran, and why not on the worker: a text table."""
     return report.table()
 
 
-def load_ipython_extension(ipython):
+def load_ipython_extension(ipython: Any) -> None:
     """``%load_ext sklearn_gpu_bridge.accel``: install, and ``%accel_report`` prints the table."""
     install()
     ipython.register_magic_function(lambda line="": print(report.table()), "line", "accel_report")
@@ -87,9 +88,9 @@ if os.environ.get("SKLEARN_GPU_BRIDGE_ACCEL") == "1":
 '''
 
 
-def _children_inherit():
+def _children_inherit() -> None:
     """A private folder holding a ``sitecustomize`` that installs accel, first on children's PYTHONPATH."""
-    from ..host import make_private_folder, runtime_folder, write_private_file
+    from ..runtime.private_files import make_private_folder, runtime_folder, write_private_file
 
     folder = make_private_folder(runtime_folder() / "accel")
     write_private_file(folder / "sitecustomize.py", _SITECUSTOMIZE)

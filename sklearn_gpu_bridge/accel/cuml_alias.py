@@ -6,8 +6,9 @@ a machine without cuML: each cuML class is its ``GPU*`` wrapper under cuML's
 name and module, taking cuML's infrastructure arguments too (``handle``,
 ``verbose``, ``output_type``), and ``cuml.__version__`` is the worker's cuML.
 
-It is switched on by a finder (cheap: importing this module loads no numpy) at the END of ``sys.meta_path``, so that a real
-cuML, wherever importable, is always found first and never shadowed:
+It is switched on by a finder (cheap: importing this module loads no numpy)
+at the END of ``sys.meta_path``, so that a real cuML, wherever importable, is
+always found first and never shadowed:
 
 - for one run: ``python -m sklearn_gpu_bridge.accel script.py`` calls :func:`enable`;
 - for an environment: ``sklearn-gpu-bridge alias install`` writes a ``.pth``
@@ -21,9 +22,10 @@ import sys
 import threading
 import types
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
-from ..catalogue import ALIAS_MARKER, ESTIMATORS
+from ..catalogue import ALIAS_MARKER, ESTIMATORS, real_cuml_importable
 
 #: cuML's top-level names among the wrapped classes (cuml/__init__.py of 26.10): all but these
 NOT_AT_TOP_LEVEL = {
@@ -56,13 +58,13 @@ _warned = set()
 # ---------------------------------------------------------------- output types
 
 
-def set_global_output_type(output_type):
+def set_global_output_type(output_type: str | None) -> None:
     """cuML's: the type of arrays estimators return ("input", "numpy", "pandas"; device types: numpy)."""
     _global_output_type[0] = _checked(output_type)
 
 
 @contextlib.contextmanager
-def using_output_type(output_type):
+def using_output_type(output_type: str | None) -> Iterator[None]:
     """cuML's: ``set_global_output_type`` inside a ``with`` block (this thread)."""
     saved = getattr(_settings, "output_type", None)
     _settings.output_type = _checked(output_type)
@@ -150,7 +152,7 @@ def _with_infrastructure(wrapper):
     return __init__
 
 
-def alias_class(name):
+def alias_class(name: str) -> type:
     """The ``GPU<name>`` wrapper as cuML's class: cuML's name and module, cuML's arguments."""
     from .. import estimators
 
@@ -178,7 +180,7 @@ def alias_class(name):
 
 def _version():
     """The worker's cuML version (asked on first use)."""
-    from ..client.connection import get_connection
+    from ..client import get_connection
 
     versions = get_connection().capabilities.versions
     return versions.get("cuml") or f"none (sklearn-gpu-bridge {versions.get('sklearn-gpu-bridge')}: the worker " \
@@ -252,7 +254,9 @@ class _Loader:  # importlib's loader protocol (importlib.abc would cost 10 ms at
 class CumlAliasFinder:  # importlib's meta path finder protocol
     """Finds ``cuml`` and its served submodules; last on ``sys.meta_path``, after any real cuML."""
 
-    def find_spec(self, fullname, path=None, target=None):
+    __sklearn_gpu_bridge__ = True  # catalogue.ALIAS_MARKER: real_cuml_importable passes it over
+
+    def find_spec(self, fullname: str, path=None, target=None) -> importlib.machinery.ModuleSpec | None:
         head, _, leaf = fullname.partition(".")
         if head != "cuml":
             return None
@@ -261,17 +265,7 @@ class CumlAliasFinder:  # importlib's meta path finder protocol
         return importlib.machinery.ModuleSpec(fullname, _Loader(), is_package=not leaf)
 
 
-def real_cuml_importable():
-    """Whether a real cuML is importable here (the alias finder set aside)."""
-    finders = [f for f in sys.meta_path if not isinstance(f, CumlAliasFinder)]
-    for finder in finders:
-        find = getattr(finder, "find_spec", None)
-        if find is not None and find("cuml", None) is not None:
-            return True
-    return False
-
-
-def enable():
+def enable() -> None:
     """Serve ``import cuml`` from the bridge where no real cuML is importable (idempotent)."""
     if not any(isinstance(f, CumlAliasFinder) for f in sys.meta_path):
         sys.meta_path.append(CumlAliasFinder())
@@ -280,14 +274,14 @@ def enable():
 # ---------------------------------------------------------------- for an environment: a .pth file
 
 
-def pth_path():
+def pth_path() -> Path:
     """The ``.pth`` file of the active environment (its site-packages: the virtualenv's, if one is active)."""
     import sysconfig
 
     return Path(sysconfig.get_paths()["purelib"]) / PTH_NAME
 
 
-def install_pth():
+def install_pth() -> Path:
     """Write the ``.pth`` that enables the alias at every start-up of this environment's Python."""
     from ..errors import ConfigurationError
 
@@ -299,7 +293,7 @@ def install_pth():
     return path
 
 
-def uninstall_pth():
+def uninstall_pth() -> bool:
     """Remove the ``.pth``; True if there was one."""
     path = pth_path()
     if path.exists():

@@ -59,7 +59,7 @@ def install():
             _patched[cls, method] = cls.__dict__.get(method, _INHERITED)
             serve = _fitting(name, cls, method, original) if method in FITTING else _calling(cls, method, original)
             if method in ("transform", "fit_transform") and getattr(cls, "_sklearn_auto_wrap_output_keys", None):
-                serve = _wrap_method_output(serve, "transform")  # set_output(transform="pandas") as before
+                serve = _wrap_method_output(serve, "transform")  # set_output(transform="pandas") still applies
             setattr(cls, method, serve)
 
 
@@ -74,6 +74,7 @@ def uninstall():
 
 
 def is_installed():
+    """Whether the served classes are patched now."""
     return bool(_patched)
 
 

@@ -1,5 +1,6 @@
-"""The client side: a connection to a worker, and this process's own connection."""
+"""The client side: the bridge's operations over a transport, and this process's own connection."""
 
-from .connection import Connection, get_connection, heads_up, reset_connection
+from .connection import Connection, Fitted, connect
+from .discovery import execution_mode, get_connection, heads_up, reset_connection
 
-__all__ = ["Connection", "get_connection", "heads_up", "reset_connection"]
+__all__ = ["Connection", "Fitted", "connect", "execution_mode", "get_connection", "heads_up", "reset_connection"]

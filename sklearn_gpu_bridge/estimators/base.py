@@ -24,8 +24,8 @@ an error naming the option. A fit never falls back: it needs a worker.
 
 The wrapper asks; the connection places: validating and describing what is
 sent is the wrapper's, casting, encoding and sizing the reply's room are the
-client's (:class:`client.Connection`). The public methods are small mixins
-(``methods.py``); ``spec.py`` puts them together per class.
+client's (``Connection`` in ``client/connection.py``). The public methods are
+small mixins (``methods.py``); ``spec.py`` puts them together per class.
 """
 
 import functools
@@ -41,13 +41,13 @@ from sklearn.utils import assert_all_finite
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import FLOAT_DTYPES, _check_sample_weight, check_array, check_is_fitted, validate_data
 
-from .. import __version__
-from ..client.connection import get_connection, heads_up
+from ..client.discovery import get_connection, heads_up
 from ..config import get_setting
 from ..errors import WorkerUnavailable
 from ..parallel import PARALLEL_MIN
 from ..protocol.arrays import defer_finite_check
 from ..protocol.session import PLAIN_TYPES
+from ..version import __version__
 
 _STATE_KEYS = ("_remote", "_sklearn_model", "_backend_state")
 # Set locally by validation; the remote model's copies are never consulted (and
@@ -113,7 +113,7 @@ class RemoteEstimator(BaseEstimator):
         """``validate_data`` with this class's settings; large float arrays checked as they are sent.
 
         scikit-learn's finite check of a float array sums it in one thread
-        (24 ms for 200 MB on the H100 machine), and sending it reads it again.
+        (about 24 ms for 200 MB), and sending it reads it again.
         A large one is returned as an ``Unchecked`` view instead: the copy into
         the pool sums each block as it copies it, on all cores (one pass), and
         only an array that fails goes to scikit-learn's own check, for its exact
@@ -183,8 +183,7 @@ class RemoteEstimator(BaseEstimator):
         do) knows it of the X whose sum :func:`_plain_validation` found finite in this thread's last
         ``_validate`` (each writes the record; ``_call_remote`` clears it where check_array checks X), and
         of no other: cuML's own look on the worker is a kernel and a wait for its answer, twice in a
-        ``fit_transform`` (0.38 ms a StandardScaler call after a ``gc.collect()`` on the H200,
-        ``results/gpu-h200-1127/sampled.txt``).
+        ``fit_transform`` (about 0.4 ms a StandardScaler call).
         """
         if self._refuses_nan():
             return True
@@ -407,7 +406,6 @@ class RemoteEstimator(BaseEstimator):
         super().__setstate__(state)
 
 
-
 #: ``validate_data`` settings that :func:`_plain_validation` knows how to stand in for
 _PLAIN_SETTINGS = frozenset({"accept_sparse", "dtype", "reset", "y_numeric", "ensure_all_finite"})
 _PLAIN_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
@@ -419,8 +417,8 @@ def _plain_validation(estimator, X, y, settings):
     or warn of: X itself, and y as a view of itself, as ``validate_data`` returns them. None for anything
     else, which then goes to ``validate_data`` itself, for its exact errors and warnings.
 
-    ``validate_data`` spends about 0.1 ms (0.17 ms with y) a call on the 2-core VM finding out that such
-    input is fine: most of it asking narwhals whether X is a dataframe. The checks kept here are the ones
+    ``validate_data`` spends about 0.1 ms (0.17 ms with y) a call finding out that such input is fine:
+    most of it asking narwhals whether X is a dataframe. The checks kept here are the ones
     that can fail for such input: the number of features against the fit, feature names seen in the fit,
     NaN and inf (the same one-pass sum scikit-learn tries first).
     """

@@ -14,6 +14,7 @@ from sklearn.utils.validation import _check_sample_weight, check_is_fitted, colu
 
 from .base import decode_labels
 
+
 class FitSupervised:
     def fit(self, X, y):
         self._fit_remote("fit", X, y)

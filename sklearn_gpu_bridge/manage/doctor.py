@@ -13,25 +13,29 @@ a CPU backend), ``fail`` (the bridge cannot work until it is fixed) or
 ``skip`` (not applicable here, or after a failure it depends on).
 """
 
+import os
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
-from .. import __version__
-from . import service
-from . import wsl
 from ..config import get_config
-from ..runtime.connection_file import read_connection_file
 from ..errors import ConfigurationError
-from .measure import measure as measure_transports
 from ..protocol import PROTOCOL_VERSION
+from ..runtime.connection_file import read_connection_file
+from ..version import __version__
+from . import service, wsl
+from .measure import measure as measure_transports
 from .state_file import read_state
 from .transport_select import candidates_for, choose, record
 
 
 @dataclass
 class Check:
+    """One check's outcome, and the command that fixes it where it failed."""
+
     name: str
     status: str  # ok | warn | fail | skip
     detail: str = ""
@@ -56,8 +60,9 @@ def _start_command(use_wsl, distro, python, connection_file):
     return " ".join(parts)
 
 
-def run(*, connection_file=None, use_wsl=None, distro=None, python=None, measure=True, quick=False,
-        windows=None, wsl_exe=None, on_check=None):
+def run(*, connection_file: str | os.PathLike | None = None, use_wsl: bool | None = None, distro: str | None = None,
+        python: str | None = None, measure: bool = True, quick: bool = False, windows: bool | None = None,
+        wsl_exe: str | None = None, on_check: Callable[[Check], Any] | None = None) -> dict[str, Any]:
     """Run the checks; returns {"checks": [...], "transport": [...], "choice": ..., "ok": bool}.
 
     ``on_check`` is called with each :class:`Check` as soon as it is known (a person is waiting).
@@ -187,7 +192,7 @@ def _check_environment(add, probe, python, distro, use_wsl):
     if "cuml" in errors:
         add("cuML", "warn", f"not importable ({errors['cuml']}): the worker would run scikit-learn on the CPU",
             (service.install_command(python, distro=distro, use_wsl=use_wsl) + "   (for CUDA 13: [worker-cu13])")
-            if gpus else "needs an NVIDIA GPU first (below); until then the worker runs scikit-learn")
+            if gpus else "needs an NVIDIA GPU first (below); without one the worker runs scikit-learn")
     else:
         add("cuML", "ok", versions.get("cuml", "?"))
     if gpus:
@@ -279,7 +284,7 @@ def _report_transport(add, result):
 SYMBOLS = {"ok": "ok  ", "warn": "warn", "fail": "FAIL", "skip": "-   "}
 
 
-def format_check(check):
+def format_check(check: Check) -> str:
     """One line (and a ``fix:`` line) for a check."""
     line = f"[{SYMBOLS[check.status]}] {check.name}: {check.detail}"
     if check.fix and check.status in ("fail", "warn"):

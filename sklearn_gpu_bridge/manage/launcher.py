@@ -19,8 +19,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ..config import ENV_ACCEL, WORKER_DEFAULTS
-from ..runtime.connection_file import read_connection_file
 from ..errors import ConfigurationError, WorkerUnavailable
+from ..runtime.connection_file import read_connection_file
 from ..runtime.private_files import open_append_private
 
 READY_POLL = 0.05

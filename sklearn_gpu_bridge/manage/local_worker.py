@@ -1,7 +1,7 @@
 """The local worker: started for the client when no worker is configured.
 
 One per user process tree. The process that calls first starts a worker
-(:mod:`.launch`) with this interpreter and waits for its connection file.
+(:mod:`.launcher`) with this interpreter and waits for its connection file.
 The file's name is keyed by the *owner*: the process itself, or, in a
 joblib/multiprocessing child, its parent. So when ``GridSearchCV(n_jobs=2)``
 makes its first fits in two children, they find (or start, under a lock)
@@ -9,9 +9,10 @@ the one worker of their parent instead of one each. The worker stops when
 its owner exits: the owner stops it at exit, and the worker also watches
 the owner's pid.
 
-Its files live in this user's private runtime folder (:func:`host.runtime_folder`),
-which is also the worker's working folder: another local user can neither
-plant a module there nor redirect its log.
+Its files live in this user's private runtime folder
+(:func:`sklearn_gpu_bridge.runtime.private_files.runtime_folder`), which is also
+the worker's working folder: another local user can neither plant a module
+there nor redirect its log.
 """
 
 import atexit
@@ -21,8 +22,8 @@ import re
 import signal
 from pathlib import Path
 
-from ..runtime.connection_file import read_connection_file
 from ..errors import ConfigurationError, WorkerUnavailable
+from ..runtime.connection_file import read_connection_file
 from ..runtime.private_files import ExclusiveLock, pid_alive, runtime_folder, terminate
 from .launcher import spawn, wait_ready, worker_argv
 

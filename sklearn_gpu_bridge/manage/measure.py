@@ -1,15 +1,14 @@
-"""Latency and throughput of each path bulk arrays can take to a running worker (``doctor``, ``start``).
+"""How fast each path for bulk arrays is to a running worker, each byte checked (``doctor``, ``start``).
 
-Each candidate (frames, or a pool folder) carries changing data through the
-same pool blocks both ways and must give every byte back before it counts:
-9P across WSL2 does not keep two maps of one file coherent.
+Each candidate (frames, or a pool folder) carries changing data through a real client connection
+both ways; :mod:`.transport_select` chooses among the results and keeps the choice.
 """
 
 import time
 
 import numpy as np
 
-from ..client.connection import Connection
+from ..client import connect
 from ..progress import waiting
 
 MB = 1_000_000
@@ -36,8 +35,8 @@ def _measure_candidate(info, connection_file, name, directory, rng, quick):
     """One candidate's figures; every failure becomes the result's ``why``."""
     result = {"name": name, "pool_directory": directory, "available": False, "coherent": None}
     try:
-        conn = Connection(info, connection_file=str(connection_file), pool="off" if name == "frames" else "auto",
-                          pool_directory=directory, heartbeat_timeout=5.0, array_cache="off")  # the path, not the cache
+        conn = connect(info, connection_file=str(connection_file), pool="off" if name == "frames" else "auto",
+                       pool_directory=directory, heartbeat_timeout=5.0, array_cache="off")  # the path, not the cache
     except Exception as exc:  # noqa: BLE001 - reported: a folder that cannot be created, a dead worker
         result["why"] = f"{type(exc).__name__}: {exc}"
         return result

@@ -14,7 +14,6 @@ import shutil
 import subprocess
 import sys
 
-
 # import name -> distribution name: found and versioned without importing (seconds saved);
 # cuML alone is imported for real, since an installed cuML can still fail to load (CUDA)
 DISTRIBUTIONS = {"sklearn_gpu_bridge": "sklearn-gpu-bridge", "numpy": "numpy", "sklearn": "scikit-learn",

@@ -3,8 +3,8 @@
 ``start`` launches ``python -m sklearn_gpu_bridge.worker`` detached from the
 terminal (its own session on Linux; on Windows, inside WSL2 through a hidden
 ``wsl.exe`` that lives as long as the worker), sends its output to a log
-file, waits until the worker has written its connection file (which it does
-once warm), and keeps what it knows in a state file next to it
+file, waits for the worker's connection file (written once the worker is
+warm), and keeps what it knows in a state file next to it
 (``worker.json`` -> ``worker.service.json``: how it was started, the log
 file, the pool folders set up for it, the transport measured).
 
@@ -27,21 +27,24 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
-from .. import __version__
-from . import wsl
-from ..client.connection import Connection, _dealer
+from ..client import connect
 from ..config import WORKER_DEFAULTS, get_config
-from ..runtime.connection_file import default_connection_file, read_connection_file
 from ..errors import BridgeError, ConfigurationError, ProtocolError, WorkerUnavailable
-from ..runtime.private_files import ExclusiveLock, doorbell_path, exited, make_private_folder, terminate
-from .launcher import spawn, wait_ready, worker_argv
-from .measure import measure as measure_transports
 from ..progress import format_seconds, waiting
 from ..protocol import Session, new_id
+from ..runtime.connection_file import default_connection_file, read_connection_file
+from ..runtime.private_files import ExclusiveLock, doorbell_path, exited, make_private_folder, terminate
+from ..transport.link import dealer
+from ..version import __version__
+from . import wsl
+from .launcher import spawn, wait_ready, worker_argv
+from .measure import measure as measure_transports
 from .state_file import read_state, state_path, write_state
 from .transport_select import candidates_for, choose, client_transport, current_record, record
 
@@ -81,7 +84,7 @@ def quick_request(info, op, timeout=2.0):
     (``stop`` must be able to stop one).
     """
     session = Session(info.key_bytes, peer=info.worker_id)
-    sock = _dealer(info)
+    sock = dealer(info)
     try:
         msg_id = new_id()
         sock.send_multipart(session.pack({"op": op, "id": msg_id, "client": "sgb-service-" + new_id()}))
@@ -139,9 +142,12 @@ def _answering(path, timeout=2.0):
 # ---------------------------------------------------------------- start
 
 
-def start(*, backend="auto", connection_file=None, log_file=None, log_level="INFO", threads=1,
-          device_memory=WORKER_DEFAULTS["device_memory"], bind=WORKER_DEFAULTS["bind"], port=0, pool_dirs=(),
-          python=None, use_wsl=False, distro=None, startup_timeout=None, measure=None, wsl_exe=None, windows=None):
+def start(*, backend: str = "auto", connection_file: str | os.PathLike | None = None,
+          log_file: str | os.PathLike | None = None, log_level: str = "INFO", threads: int = 1,
+          device_memory: str = WORKER_DEFAULTS["device_memory"], bind: str = WORKER_DEFAULTS["bind"], port: int = 0,
+          pool_dirs: Sequence[str | os.PathLike] = (), python: str | None = None, use_wsl: bool = False,
+          distro: str | None = None, startup_timeout: float | None = None, measure: bool | None = None,
+          wsl_exe: str | None = None, windows: bool | None = None) -> dict[str, Any]:
     """Start a background worker, wait until it is ready, and return what ``status`` returns.
 
     ``use_wsl``: run it inside WSL2 (``distro``, ``python``: the Python there).
@@ -319,7 +325,7 @@ def install_command(python, *, distro=None, use_wsl=False, cuml=True):
 # ---------------------------------------------------------------- stop
 
 
-def stop(*, connection_file=None, timeout=STOP_TIMEOUT):
+def stop(*, connection_file: str | os.PathLike | None = None, timeout: float = STOP_TIMEOUT) -> dict[str, Any]:
     """Stop the worker at ``connection_file``: shutdown request, then signals. Returns what was done.
 
     Once it is gone, the files ``start`` made for it go too (connection file,
@@ -424,7 +430,7 @@ def _signal_stop(connection_file, state, info, wait=5.0):
 # ---------------------------------------------------------------- status
 
 
-def status(*, connection_file=None):
+def status(*, connection_file: str | os.PathLike | None = None) -> dict[str, Any]:
     """What the worker says about itself, and what this side knows (log file, transport in use)."""
     connection_file = resolve_connection_file(connection_file)
     state = read_state(connection_file)
@@ -455,8 +461,8 @@ def _client_view(info, connection_file):
     config = get_config()
     pool, pool_directory, reason = client_transport(connection_file)
     out = {"transport_setting": config["transport"], "transport_reason": reason}
-    conn = Connection(info, connection_file=str(connection_file), pool=pool, pool_directory=pool_directory,
-                      heartbeat_timeout=config["heartbeat_timeout"])
+    conn = connect(info, connection_file=str(connection_file), pool=pool, pool_directory=pool_directory,
+                   heartbeat_timeout=config["heartbeat_timeout"])
     try:
         reply = conn.status()
         out["transport"] = {"path": "pool", "pool_directory": conn.pool.directory, "kind": conn.pool.kind} \
@@ -480,7 +486,7 @@ def _duration(seconds):
     return format_seconds(seconds or 0)
 
 
-def used_by(result):
+def used_by(result: dict[str, Any]) -> str:
     """Which client processes use the worker at ``result["connection_file"]``.
 
     Said out loud because it is easy to miss: clients read the default
@@ -494,7 +500,7 @@ def used_by(result):
             "(set_config(connection_file=...) or SKLEARN_GPU_BRIDGE_CONNECTION_FILE)")
 
 
-def format_status(result):
+def format_status(result: dict[str, Any]) -> str:
     """``status`` as aligned lines of text."""
     rows = []
     if not result.get("running"):
@@ -502,7 +508,7 @@ def format_status(result):
         wsl_hint = result.get("wsl") or sys.platform == "win32"
         rows.append(("start one", "sklearn-gpu-bridge start" + (" --wsl" if wsl_hint else "")))
         if result.get("default_file") and result.get("start_local_worker"):
-            rows.append(("until then", "the first GPU* call of each Python process starts a local worker of "
+            rows.append(("meanwhile", "the first GPU* call of each Python process starts a local worker of "
                          "its own, which stops when that process exits"))
     else:
         rows.append(("worker", f"running, pid {result['pid']}, up {_duration(result.get('uptime'))}"))

@@ -1,4 +1,4 @@
-"""Which path bulk arrays take to the worker: a shared pool folder, or ZeroMQ frames.
+"""Which path bulk arrays take to the worker: the candidates, the choice, and where it is kept.
 
 The candidates:
 
@@ -22,9 +22,9 @@ otherwise the pool where the worker can map it, frames where it cannot).
 :func:`client_transport` turns that into the client's ``pool`` and
 ``pool_directory``; the client applies it when it connects.
 
-Measurements (:mod:`.measure`) are kept in the worker's state file
-(:mod:`.statefile`) with the address and pid of the worker they were made
-against: a new worker gets measured anew.
+Measurements are kept in the worker's state file (:mod:`.state_file`) with
+the address and pid of the worker they were made against: a new worker gets
+measured anew.
 """
 
 from datetime import datetime, timezone
@@ -36,6 +36,7 @@ from .state_file import read_state, update_state, worker_identity
 
 TRANSPORTS = ("auto", "pool", "frames")
 PREFER_FRAMES_WITHIN = 1.10  # a pool must be >10% faster than frames to be chosen
+MB = 1_000_000
 
 
 def connection_file_in_force(settings=None):
@@ -107,7 +108,10 @@ def _best_pool_directory(record, connection_file):
     return None
 
 
-# ---------------------------------------------------------------- measurements kept
+# ---------------------------------------------------------------- measuring the candidates
+
+
+# ---------------------------------------------------------------- choosing, and keeping the choice
 
 
 def candidates_for(connection_file, extra_pool_directory=None):

@@ -1,5 +1,4 @@
-"""The Windows-only pieces, kept thin: paths across the WSL2 boundary, the
-``wsl.exe`` command lines, and the autostart entry.
+"""Windows and WSL2, kept thin: paths across the boundary, ``wsl.exe`` command lines, the autostart entry.
 
 Everything here is a plain function of its arguments (no platform check
 inside, no process started) except :func:`run`, :func:`install_autostart`

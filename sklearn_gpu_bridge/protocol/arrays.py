@@ -44,8 +44,7 @@ from .session import PLAIN_TYPES, buffer_digest, frame_buffer
 
 INLINE_MAX = 64 * 1024  # arrays up to this many bytes travel inside the header
 #: the same where the message has a pool block to put them in: bytes inside the header are signed, and copied
-#: by the writer, the reply slot and the reader; in the pool they are copied once. The labels of a fit of
-#: 5000 samples (20 KB) went inline before, their predictions came back inline.
+#: by the writer, the reply slot and the reader; in the pool they are copied once
 POOL_INLINE_MAX = 4 * 1024
 
 # Plain numeric dtypes only, native (little-endian) byte order.
@@ -59,7 +58,8 @@ DTYPES = frozenset(
 ARRAY = "__array__"
 BLOB = "__blob__"
 SPARSE = "__sparse__"
-SPARSE_PARTS = {"csr": ("data", "indices", "indptr"), "csc": ("data", "indices", "indptr"), "coo": ("data", "row", "col")}
+SPARSE_PARTS = {"csr": ("data", "indices", "indptr"), "csc": ("data", "indices", "indptr"),
+                "coo": ("data", "row", "col")}
 
 
 def _check_dtype(name):
@@ -361,7 +361,6 @@ def _encode_dict(encoder, value):
     return {k: encoder.encode(v) for k, v in value.items()}
 
 
-#: how a value of each type is written (the type's MRO is searched, first match wins)
 def _encode_as_dtype(encoder, value):
     write = encoder.sparse if is_sparse(value.array) else encoder.array
     return write(value.array, value.dtype, value.name)
@@ -373,6 +372,7 @@ def is_sparse(value):
         and hasattr(value, "tocoo")
 
 
+#: how a value of each type is written (the type's MRO is searched, first match wins)
 ENCODERS = {
     np.ndarray: Encoder.array,
     AsDtype: _encode_as_dtype,
@@ -489,6 +489,7 @@ class Decoder:
             joined[at : at + part.nbytes] = np.frombuffer(part, np.uint8)
             at += part.nbytes
         return memoryview(joined)
+
     def _array(self, index):
         if type(index) is not int or not 0 <= index < len(self.arrays):
             raise ProtocolError(f"array index {index!r} out of range")

@@ -1,8 +1,9 @@
 """The operations: every request a worker answers, its fields, buffers, reply and errors.
 
-This table is the catalogue; the worker dispatches from it (an op that is
-not here is refused) and a test fails when the worker implements an op that
-is not here. ``docs/protocol.md`` explains the rest of the wire format.
+This table is the catalogue: the worker's two tables of operations (its
+quick ops, and the work ops of ``worker/dispatch.py``) hold exactly these (a
+test checks), and an op that is not here is refused. ``docs/protocol.md``
+explains the rest of the wire format.
 
 Every request header carries ``op``, ``id`` (fresh, random), ``client``
 (the sender's random id; required by work ops), ``to`` (the worker run it is
@@ -11,10 +12,9 @@ handles of this client to free (releases ride on the next request instead
 of costing a round trip of their own; a work request's models are dropped
 after its reply). Every reply carries ``op`` ("reply" or "error"), ``id``,
 ``parent`` (the request's id) and, for work ops, ``worker_span`` ([arrived,
-replied], CLOCK_MONOTONIC seconds), ``warnings`` ([module, category, message]
-of each warning raised on the worker) and, where the worker was started with
-``SKLEARN_GPU_BRIDGE_WORKER_STEPS`` set, ``worker_steps`` ([step, seconds]). An ``error`` reply carries ``mro``, ``args``,
-``message`` and ``traceback`` (see :func:`errors.describe`).
+replied], CLOCK_MONOTONIC seconds) and ``warnings`` ([module, category, message]
+of each warning raised on the worker). An ``error`` reply carries ``mro``,
+``args``, ``message`` and ``traceback`` (see :func:`errors.describe`).
 
 Quick ops are answered at once by the worker's reading thread, even while work runs;
 work ops run on its executor threads, in turn per client.

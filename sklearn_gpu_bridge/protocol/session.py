@@ -6,9 +6,8 @@
   cannot make its reader build an object or run code; its reader's lengths
   are bounded by the header's own size, its nesting by msgpack's stack, and
   tuples (an extension type, so that a tuple parameter stays a tuple) by
-  ``MAX_TUPLE_DEPTH``. Until protocol 2 the header was a pickle that the
-  worker scanned opcode by opcode before it unpickled; msgpack needs no scan
-  and reads a request's header in a quarter to a third of the time (docs/protocol.md).
+  ``MAX_TUPLE_DEPTH``. Unlike a pickle, it needs no scan before it is read
+  (docs/protocol.md).
 - ``signature`` is the hex HMAC-SHA256 of the header bytes under the shared
   key, compared in constant time (as jupyter_client does).
 - ``buffers`` are raw bytes: arrays as zero-copy frames, and opaque blobs
@@ -52,8 +51,8 @@ INT_RANGE = (-(1 << 63), 1 << 64)  # the ints msgpack writes: [-2**63, 2**64)
 NOT_SCALARS = (np.datetime64, np.timedelta64, np.void)  # numpy values whose .item() is no plain value, or not one
 
 
-# the option and the flag as plain ints: pyzmq's are enums, whose ``&`` is Python code (a look at a socket 3.1 us
-# with them, 1.7 with ints, 2.0 for ``Socket.poll(0)``, which builds a Poller; the 2-core VM, pyzmq 27)
+# the option and the flag as plain ints: pyzmq's are enums, whose ``&`` is Python code (3.1 us a look at a socket
+# with them, 1.7 us with ints; ``Socket.poll(0)`` builds a Poller)
 _EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
 
 
@@ -172,9 +171,9 @@ def frame_buffer(frame):
 def buffer_digest(buffer):
     """BLAKE3 of a buffer (hex), hashed where it lies; large ones on all cores, without the GIL.
 
-    BLAKE3 rather than SHA-256: on the 2-core VM of the benchmarks it hashes a
-    51 MB frame in 9 to 11 ms against SHA-256's 17.5 ms on both cores, and each
-    frame is hashed twice (sender, receiver); see docs/reliability.md.
+    BLAKE3 rather than SHA-256: it hashes a 51 MB frame in 9 to 11 ms against
+    SHA-256's 17.5 ms on two cores, and each frame is hashed twice (sender,
+    receiver); see docs/reliability.md.
     """
     memory = memoryview(buffer).cast("B")
     threads = blake3.blake3.AUTO if memory.nbytes >= DIGEST_THREADS_FROM else 1
@@ -201,10 +200,8 @@ class Session:
         if not key:
             raise ValueError("an empty key would turn message signing off; refusing it")
         self._key = key if isinstance(key, bytes) else key.encode()
-        # keyed once; each message is signed by a copy. hmac.digest(key, data, "sha256") looks the digest up
-        # by its name and keys it again every time: 82-91 us a signature after a gc.collect() on the 2-core
-        # VM, 50-61 us by a copy, alike back to back (2-3 us; benchmarks/sign_cost.py). Each process hashes
-        # twice a call (it signs its message and checks the other's), the first time cold after a pause
+        # keyed once; each message is signed by a copy: hmac.digest(key, data, "sha256") looks the digest up by
+        # name and keys it again every time (82-91 us a cold signature against 50-61 us by a copy)
         self._hmac = hmac.new(self._key, digestmod="sha256")
         self.peer, self.me = peer, me
         self.max_skew = max_skew
@@ -241,7 +238,7 @@ class Session:
 
         ``check_buffers=False`` leaves the digests to :meth:`check_buffers` (the worker checks them on an
         executor thread, so that hashing a large frame never holds up its loop). ``slot_of``: the message
-        was read from the request slot (protocol.reply_slot) of this client, whose request it must be; its
+        was read from the request slot (transport/reply_slot.py) of this client, whose request it must be; its
         client may send it through ZeroMQ too, and whichever copy comes second is refused as :class:`Duplicate`,
         not counted as a replay.
         """

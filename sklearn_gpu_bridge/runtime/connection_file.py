@@ -2,10 +2,10 @@
 
 Written by the worker once it is ready, owner-only (0600), atomically, so a
 client that can read it can talk to a worker that is warm. Read only when it
-is this user's own and no one else may read or write it (:mod:`.host`): the
-key in it lets its reader run code as the worker's user.
+is this user's own and no one else may read or write it (:mod:`.private_files`):
+the key in it lets its reader run code as the worker's user.
 
-Shared by both sides: imports nothing of the package but its errors and host.
+Shared by both sides: imports nothing of the package but its errors and private_files.
 """
 
 import json
@@ -97,3 +97,8 @@ def read_connection_file(path):
         return ConnectionInfo(**{k: data[k] for k in ConnectionInfo.__dataclass_fields__ if k in data})
     except (ValueError, TypeError) as exc:
         raise ConfigurationError(f"the connection file {path} is not one a worker wrote: {exc}") from None
+
+
+def start_hint(path="PATH"):
+    """The command that starts a worker writing the connection file ``path``, for error messages."""
+    return f"start one with:  sklearn-gpu-bridge worker --connection-file {path}"

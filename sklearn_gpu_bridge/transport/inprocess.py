@@ -1,183 +1,109 @@
-"""cuML in this process: the wrappers' operations without the ZeroMQ hop.
+"""cuML in this process: the worker's own operation table, called without the ZeroMQ hop.
 
-Inside a process that has cuML and a GPU of its own (a dask-cuda worker: one
-process per GPU, ``CUDA_VISIBLE_DEVICES`` set by dask-cuda), a second process
-and a round trip per call buy nothing. :class:`InProcess` answers the same
-operations as :class:`~sklearn_gpu_bridge.client.connection.Connection` with the worker's
-own backend, run here: the same parameter checks and translation, the same
-encoding of arguments and results (so the same dtypes, sparse handling and
-types come back), and the same portable fitted state. Only the transport is
-gone.
+Inside a process that has cuML and a GPU of its own (a dask-cuda worker: one process per GPU,
+``CUDA_VISIBLE_DEVICES`` set by dask-cuda), a second process and a round trip per call buy nothing.
+:class:`InProcessTransport` hands each request to the worker's
+:class:`~sklearn_gpu_bridge.worker.dispatch.Operations`, run here: the same parameter checks and
+translation, the same encoding of arguments and results (so the same dtypes, sparse handling and
+types come back), and the same portable fitted state. Only the hop is gone.
 
-Which one a process uses is the ``execution`` setting (:func:`execution_mode`).
+This is the one place the client side imports the worker, and only when a process asks for it
+(``execution`` setting, :func:`sklearn_gpu_bridge.client.discovery.execution_mode`).
 """
 
-import itertools
 import os
-import sys
-import threading
-from collections import Counter
 
-from ..catalogue import is_cuml_alias
-from ..config import get_setting
-from ..errors import ConfigurationError
+import cloudpickle
+
 from ..protocol import PROTOCOL_VERSION, Capabilities, to_plain
 from ..protocol.arrays import Decoder, Encoder
-
-EXECUTION_MODES = ("auto", "worker", "in_process")
-
-
-def _in_dask_worker():
-    """The Dask worker this code runs in, or None (never imports distributed itself)."""
-    worker_module = sys.modules.get("distributed.worker")
-    if worker_module is None:
-        return None
-    try:
-        return worker_module.get_worker()
-    except ValueError:  # not in a task (client.run, say): a Dask worker process still has its running Worker
-        running = (w for w in list(getattr(worker_module.Worker, "_instances", ()))
-                   if getattr(getattr(w, "status", None), "name", None) == "running")
-        return next(running, None)
+from ..version import __version__
+from .base import Transport
 
 
-def _cuml_importable():
-    """Whether the real cuML can be imported here (this package's ``cuml`` alias is not cuML)."""
-    module = sys.modules.get("cuml")
-    if module is not None and not is_cuml_alias(module):
-        return True
-    from ..accel.cuml_alias import real_cuml_importable
+class _LocalRequest:
+    """A request as the worker's operations read it (``worker.dispatch.Request``), from Python values.
 
-    return real_cuml_importable()
-
-
-def execution_mode():
-    """Where this process's GPU* calls run: {"mode": "in_process" | "worker", "reason": ..., "gpu": ...}.
-
-    ``execution="auto"`` (the default) runs cuML in this process when it is a Dask
-    worker with cuML importable (dask-cuda gives each such worker its own GPU),
-    and goes through a bridge worker everywhere else (a Windows client, a CPU
-    Dask worker, a plain script). ``"worker"`` and ``"in_process"`` force it.
-    Try ``client.run(sklearn_gpu_bridge.execution_mode)`` on a Dask cluster.
+    The arguments go through the wire's encoding and back, so the operations see what a worker
+    would decode: the same casts and checks, read-only views. A backend that copies its input to
+    the device is given views of the caller's arrays; another (the CPU one) gets copies, since its
+    fitted model may keep what it was given.
     """
-    setting = get_setting("execution")
-    if setting not in EXECUTION_MODES:
-        raise ConfigurationError(f"execution={setting!r}: choose one of {EXECUTION_MODES}")
-    gpu = (os.environ.get("CUDA_VISIBLE_DEVICES") or "").split(",")[0] or None
-    if setting == "in_process":
-        return {"mode": "in_process", "reason": "execution=in_process", "gpu": gpu}
-    if setting == "worker":
-        return {"mode": "worker", "reason": "execution=worker", "gpu": None}
-    dask_worker = _in_dask_worker()
-    if dask_worker is None:
-        return {"mode": "worker", "reason": "not in a Dask worker", "gpu": None}
-    if not _cuml_importable():
-        return {"mode": "worker", "reason": f"Dask worker {dask_worker.address} has no cuML", "gpu": None}
-    return {"mode": "in_process", "reason": f"Dask worker {dask_worker.address} with cuML", "gpu": gpu}
+
+    def __init__(self, header, payload, blobs, copy):
+        self.header, self._payload, self._blobs, self._copy = header, payload, blobs or {}, copy
+
+    def arguments(self):
+        payload = self._payload or {}
+        encoder = Encoder()
+        encoded = encoder.encode([payload.get("args", []), payload.get("kwargs", {})])
+        buffers = [bytes(b) for b in encoder.buffers] if self._copy else encoder.buffers
+        args, kwargs = Decoder({"arrays": encoder.arrays}, buffers).decode(encoded)
+        return args, kwargs
+
+    def params(self):
+        if "params" in self._blobs:
+            return cloudpickle.loads(self._blobs["params"])
+        return self.header.get("params", {})
+
+    def blob(self, name):
+        return bytes(self._blobs[name])
 
 
-class InProcess:
-    """The operations of a connection, answered by a cuML backend in this process."""
+def _as_received(values):
+    """Values as a client decodes them from a worker's reply (plain values, writeable numpy arrays)."""
+    encoder = Encoder()
+    try:
+        encoded = to_plain(encoder.encode(values))
+    except TypeError as exc:
+        raise TypeError(f"a result of type {exc} cannot be sent to the client") from None
+    return Decoder({"arrays": encoder.arrays}, encoder.buffers, writeable=True).decode(encoded)
 
-    pool = None
-    process = None
+
+class InProcessTransport(Transport):
+    """Requests answered by a worker backend in this process (``backend="sklearn"``: the CPU one, for tests)."""
 
     def __init__(self, backend="cuml"):
-        from ..worker.backends import make_backend  # cuML is imported here, once per process
+        super().__init__()
+        # the one edge from the client side to the worker's: cuML is imported here, once per process
+        from ..worker.backends import make_backend
+        from ..worker.dispatch import Operations
+        from ..worker.handles import HandleTable
 
-        self.backend, _ = make_backend(backend)  # "sklearn": the same path on the CPU, for tests
+        self.backend, _ = make_backend(backend)
         self.backend.warm_up()
+        self.operations = Operations(self.backend, HandleTable())
         self.pid = os.getpid()
-        self.closed = False
-        self.stats = Counter()
-        self._handles = {}
-        self._ids = itertools.count(1)
-        self._lock = threading.Lock()
-        versions = {"sklearn-gpu-bridge": __import__("sklearn_gpu_bridge").__version__, **self.backend.versions()}
+        self.client_id = f"in-process-{self.pid}-{id(self):x}"
+        self.versions = {"sklearn-gpu-bridge": __version__, **self.backend.versions()}
         self.capabilities = Capabilities(
-            protocol_version=PROTOCOL_VERSION, worker_id=f"in-process-{self.pid}-{id(self):x}", backend=self.backend.name,
+            protocol_version=PROTOCOL_VERSION, worker_id=self.client_id, backend=self.backend.name,
             fallback_reason=None, float_dtype=self.backend.float_dtype, pool=False, pool_challenge=None,
-            max_frame_bytes=1 << 62, versions=versions, array_cache=0, client_timeout=None)
+            max_frame_bytes=1 << 62, versions=self.versions, array_cache=0, client_timeout=None)
 
-    # ------------------------------------------------------------ the hop, without the hop
+    def _run(self, header, payload=None, blobs=None):
+        header = {**header, "client": self.client_id}
+        request = _LocalRequest(header, payload, blobs, copy=not self.backend.device_resident)
+        return self.operations.run(request)
 
-    def _arguments(self, args, kwargs):
-        """The arguments as the worker would decode them: the same casts and checks, read-only views.
+    def request(self, header, payload=None, *, blobs=None, out_nbytes=0):
+        answer = self._run(header, payload, blobs)
+        value = _as_received(answer.values) if answer.values is not None else None
+        return answer.fields, value, answer.blobs
 
-        A backend that copies its input to the device is given views of the
-        caller's arrays; another (the CPU one) gets copies, since its fitted
-        model may keep what it was given.
-        """
-        from ..client.connection import features_as_sent
+    def roundtrip(self, header, *, timeout=None):
+        if header["op"] == "status":
+            return {"backend": self.backend.name, "mode": "in_process", "versions": self.versions,
+                    "handles": len(self.operations.handles), "address": f"in process {self.pid}"}, []
+        answer = self._run(header)
+        return answer.fields, answer.blobs
 
-        encoder = Encoder()
-        encoded = encoder.encode([features_as_sent(args, self.capabilities.float_dtype), kwargs])
-        buffers = encoder.buffers if self.backend.device_resident else [bytes(b) for b in encoder.buffers]
-        return Decoder({"arrays": encoder.arrays}, buffers).decode(encoded)
-
-    @staticmethod
-    def _result(result, estimator):
-        """A result as the client would decode the worker's reply (plain values, numpy arrays)."""
-        encoder = Encoder()
-        try:
-            encoded = to_plain(encoder.encode({"result": None if result is estimator else result}))
-        except TypeError as exc:
-            raise TypeError(f"a result of type {exc} cannot be sent to the client") from None
-        return Decoder({"arrays": encoder.arrays}, encoder.buffers, writeable=True).decode(encoded)["result"]
-
-    def _add(self, estimator, name):
-        with self._lock:
-            handle = f"h{next(self._ids)}"
-            self._handles[handle] = (name, estimator)
-        return handle
-
-    def _get(self, handle):
-        try:
-            return self._handles[handle]
-        except KeyError:
-            raise KeyError(f"no fitted estimator {handle!r} in this process") from None
-
-    # ------------------------------------------------------------ operations (as Connection's)
-
-    def fit(self, estimator, params, method, args, kwargs, changed=(), params_from=None, finite=False):
-        from ..client.connection import Fitted
-
-        self.backend.check_fit(estimator, method)
-        args, kwargs = self._arguments(args, kwargs)
-        model, result, dropped = self.backend.fit(estimator, params, method, args, kwargs, list(changed), params_from,
-                                                  finite=finite)
-        return Fitted(self._add(model, estimator), self._result(result, model), dropped)
-
-    def call(self, handle, method, args, kwargs, *, n_classes=0, finite=False):
-        name, model = self._get(handle)
-        self.backend.check_call(name, method)
-        args, kwargs = self._arguments(args, kwargs)
-        return self._result(self.backend.call(name, model, method, args, kwargs, finite=finite), model)
-
-    def attribute(self, handle, name):
-        _, model = self._get(handle)
-        return self._result(self.backend.attribute(model, name), model)
-
-    def get_state(self, handle):
-        _, model = self._get(handle)
-        portable, native = self.backend.export_state(model)
-        return self.backend.name, portable, native
-
-    def set_state(self, estimator, form, blob):
-        return self._add(self.backend.import_state(estimator, form, bytes(blob)), estimator)
-
-    def status(self):
-        return {"backend": self.backend.name, "mode": "in_process", "versions": self.capabilities.versions,
-                "handles": len(self._handles), "address": f"in process {self.pid}"}
-
-    @property
-    def last_timing(self):
-        return None
+    def ping(self, timeout=2.0):
+        return not self.closed
 
     def schedule_release(self, handle):
-        self._handles.pop(handle, None)
+        self.operations.handles.release([handle], self.client_id)
 
     def close(self):
         self.closed = True
-        self._handles.clear()
-
-    retire = close
+        self.operations.handles.release_client(self.client_id)

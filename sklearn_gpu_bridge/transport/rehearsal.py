@@ -1,16 +1,12 @@
 """A made-up message taken through a message's own steps, so that a real one that follows finds them warm.
 
 After an idle gap (the user's own code between two calls, a ``gc.collect()``), the code and data of a
-message's steps have left the CPU's caches, and each step costs about twice what it costs back to back: on
-the H200 machine the worker unpacked a predict request in 0.14 ms after the client's collection, and in
-0.07 ms after a rehearsal (``benchmarks/results/gpu-h200-1127e/``). Each side has a moment while it waits on
-the other: the worker while the client checks its input (the client's heads-up rang it awake), the client
+message's steps have left the CPU's caches, and each step costs about twice what it costs back to back (a
+predict request unpacked in 0.14 ms after a collection, 0.07 ms after a rehearsal). Each side has a moment
+while it waits on the other: the worker while the client checks its input (the client's heads-up rang it awake), the client
 while the worker runs the request. A rehearsal spends that moment walking the same steps on a message that
 goes nowhere: signed with a key of its own, written into a slot of its own, never seen by anyone. It does
 not touch the GPU, and it caches nothing a call returns.
-
-``SKLEARN_GPU_BRIDGE_REHEARSE=0`` turns rehearsals off (in a client, and in the worker it starts): to measure
-what they gain.
 """
 
 import contextlib
@@ -18,17 +14,9 @@ import os
 
 import numpy as np
 
-from . import reply_slot
 from ..protocol.arrays import Decoder, Encoder
 from ..protocol.session import Session, new_id
-
-#: "0": no rehearsals in this process (read once, where a client or a worker starts)
-REHEARSE_ENV = "SKLEARN_GPU_BRIDGE_REHEARSE"
-
-
-def wanted():
-    """Whether this process rehearses (:data:`REHEARSE_ENV`)."""
-    return os.environ.get(REHEARSE_ENV, "1") != "0"
+from . import reply_slot
 
 
 class Rehearsal:

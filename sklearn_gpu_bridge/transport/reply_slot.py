@@ -2,9 +2,8 @@
 
 Through ZeroMQ a reply wakes three sleeping threads on its way: the
 worker's I/O thread, the client's, and then the client's own thread. On a
-VM each wake of an idle vCPU goes through the host: on the H200 machine a
-3 ms call's hops cost 0.76 ms through ZeroMQ and 0.56 ms with the reply read
-from shared memory (``benchmarks/wakeups.py``, results/gpu-h200-1125). So a request may name a block
+VM each wake of an idle vCPU goes through the host (a 3 ms call's hops: 0.76
+ms through ZeroMQ, 0.56 ms with the reply read from shared memory). So a request may name a block
 of its memfd pool (``reply_slot``: segment, offset, nbytes, token); the
 worker writes the signed reply's frames there before it sends them through
 ZeroMQ as always, and a client that spins on the block's first word has the
@@ -115,9 +114,8 @@ def request_room(memory):
 def write(memory, token, frames):
     """Write ``frames`` into ``memory`` and then ``token``; True if they fit (else ``-token`` only).
 
-    The words go through ``struct``, not numpy: on the 2-core VM a request written and read back took 11-18 us
-    with numpy's views of two or three words and 4-8 us this way, and after a ``gc.collect()`` 184-228 us
-    against 100-115 us (``benchmarks/slot_codec.py``, ``results/cpu-1127/slot-codec-*.json``)."""
+    The words go through ``struct``, not numpy: numpy's views of two or three words cost two to three times
+    as much (a request written and read back: 4-8 us this way, 11-18 us with views)."""
     views = [memoryview(frame).cast("B") for frame in frames]
     sizes = [view.nbytes for view in views]
     start = WORD * (2 + len(views))
