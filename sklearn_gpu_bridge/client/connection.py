@@ -96,7 +96,8 @@ class Connection:
 
     # ------------------------------------------------------------ operations
 
-    def fit(self, estimator, params, method, args, kwargs, changed=(), params_from=None, finite=False):
+    def fit(self, estimator: str, params: dict, method: str, args: list, kwargs: dict, changed=(),
+            params_from: str | None = None, finite: bool = False) -> Fitted:
         """Build ``estimator`` with ``params`` on the worker and run ``method``; a :class:`Fitted`.
 
         ``changed``: the parameters the user set (a worker refuses to ignore those).
@@ -118,7 +119,8 @@ class Connection:
         _, value, _ = self.transport.request(header, payload, blobs=blobs, out_nbytes=out_nbytes)
         return Fitted(value["handle"], value["result"], value.get("dropped") or [])
 
-    def call(self, handle, method, args, kwargs, *, n_classes=0, finite=False):
+    def call(self, handle: int, method: str, args: list, kwargs: dict, *, n_classes: int = 0,
+             finite: bool = False):
         """``method(*args, **kwargs)`` on the fitted estimator ``handle``; its result (``finite``: see fit)."""
         header = {"op": "call", "handle": handle, "method": method}
         if finite:
@@ -127,7 +129,7 @@ class Connection:
         _, value, _ = self.transport.request(header, payload, out_nbytes=self._out_nbytes(args, n_classes))
         return value["result"]
 
-    def attribute(self, handle, name):
+    def attribute(self, handle: int, name: str):
         """A public fitted attribute (``coef_`` ...) of a remote estimator."""
         _, value, _ = self.transport.request({"op": "attribute", "handle": handle, "name": name})
         return value["result"]
@@ -140,7 +142,7 @@ class Connection:
         _, value, _ = self.transport.request({"op": "echo"}, payload, out_nbytes=out_nbytes)
         return value["result"]
 
-    def get_state(self, handle):
+    def get_state(self, handle: int) -> tuple[str, bytes | None, bytes | None]:
         """(backend, portable bytes or None, native bytes or None) of a fitted estimator."""
         reply, buffers = self.transport.roundtrip({"op": "get_state", "handle": handle})
         blobs = [getattr(buffer, "bytes", buffer) for buffer in buffers]  # ZeroMQ frames, or bytes
@@ -150,39 +152,39 @@ class Connection:
         state = dict(zip(forms, blobs))
         return reply["backend"], state.get("portable"), state.get("native")
 
-    def set_state(self, estimator, form, blob):
+    def set_state(self, estimator: str, form: str, blob: bytes) -> int:
         """A handle to a fitted ``estimator`` rebuilt on the worker from a form of its state."""
         header = {"op": "set_state", "estimator": estimator, "form": form}
         reply, _, _ = self.transport.request(header, blobs={"state": blob})
         return reply["handle"]
 
-    def status(self):
+    def status(self) -> dict:
         """The worker's state: backend, versions, handles, clients, memory (see docs/protocol.md)."""
         reply, _ = self.transport.roundtrip({"op": "status"}, timeout=HELLO_TIMEOUT)
         return {k: v for k, v in reply.items() if k not in ("op", "id", "parent", "worker_span")}
 
-    def ping(self, timeout=2.0):
+    def ping(self, timeout: float = 2.0) -> bool:
         """True if the worker answers within ``timeout`` seconds, busy or not."""
         return self.transport.ping(timeout)
 
-    def heads_up(self):
+    def heads_up(self) -> None:
         """A call is about to validate and send its request: let the transport wake the worker."""
         self.transport.heads_up()
 
-    def schedule_release(self, handle):
+    def schedule_release(self, handle: int) -> None:
         """Free ``handle`` with the next request (called from finalizers: no I/O here)."""
         self.transport.schedule_release(handle)
 
-    def close(self):
+    def close(self) -> None:
         """Say goodbye (the worker frees this client's handles) and close the transport."""
         self.transport.close()
 
-    def retire(self):
+    def retire(self) -> None:
         """After the worker was lost: release what is left without talking to it."""
         self.transport.retire()
 
 
-def connect(info, **options):
+def connect(info, **options) -> Connection:
     """A :class:`Connection` to the worker of ``info`` (a connection file's contents), over ZeroMQ.
 
     ``options`` are :class:`~sklearn_gpu_bridge.transport.remote.RemoteTransport`'s: ``pool``,

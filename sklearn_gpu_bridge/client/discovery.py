@@ -53,7 +53,7 @@ def _cuml_importable():
     return real_cuml_importable()
 
 
-def execution_mode():
+def execution_mode() -> dict:
     """Where this process's GPU* calls run: {"mode": "in_process" | "worker", "reason": ..., "gpu": ...}.
 
     ``execution="auto"`` (the default) runs cuML in this process when it is a Dask
@@ -79,7 +79,7 @@ def execution_mode():
 
 
 
-def get_connection():
+def get_connection() -> Connection:
     """This process's connection, made on first use (starting a local worker if needed).
 
     After a :class:`WorkerLost`, the next call connects anew: to the worker in
@@ -101,7 +101,7 @@ def get_connection():
         return _connection
 
 
-def heads_up():
+def heads_up() -> None:
     """Tell this process's worker, if it has one already, that a request is on its way
     (:meth:`Connection.heads_up`); connects to nothing."""
     conn = _connection
@@ -121,7 +121,7 @@ def _close_at_exit():
         conn.close()
 
 
-def reset_connection():
+def reset_connection() -> None:
     """Close this process's connection; the next call opens a new one."""
     global _connection
     with _lock:
