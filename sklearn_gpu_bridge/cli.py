@@ -1,7 +1,7 @@
 """The ``sklearn-gpu-bridge`` command line (only the CLI; the work lives elsewhere).
 
 Every option can also come from an environment variable
-``SKLEARN_GPU_BRIDGE_<COMMAND>_<OPTION>`` (click's ``auto_envvar_prefix``);
+``SKLEARN_GPU_BRIDGE_<COMMAND>_<OPTION>`` (click's ``auto_envvar_prefix``), which ``--help`` names;
 the worker's options are read from ``SKLEARN_GPU_BRIDGE_WORKER_<OPTION>``
 however it is started. Defaults come from :mod:`.config`.
 """
@@ -21,7 +21,25 @@ LOG_LEVELS = click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"])
 BACKENDS = click.Choice(["auto", "cuml", "sklearn"])
 
 
-@click.group(context_settings={"auto_envvar_prefix": ENVVAR_PREFIX, "show_default": True, "max_content_width": 120})
+class _EnvCommand(click.Command):
+    """A command whose ``--help`` names each option's environment variable (``auto_envvar_prefix``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for param in self.params:
+            if isinstance(param, click.Option):
+                param.show_envvar = True
+
+
+class _Group(click.Group):
+    """The command group: its commands are ``_EnvCommand``."""
+
+    command_class = _EnvCommand
+    group_class = type  # subgroups (alias, autostart) are _Group too, and so their commands _EnvCommand
+
+
+@click.group(cls=_Group, context_settings={"auto_envvar_prefix": ENVVAR_PREFIX, "show_default": True,
+                                           "max_content_width": 120})
 @click.version_option(package_name="sklearn-gpu-bridge")
 def main() -> None:
     """scikit-learn estimators that run on cuML in a worker process."""
@@ -102,15 +120,19 @@ def worker(backend: str, device_memory: str, connection_file: str, parent_pid: i
     server.start().serve_forever()
 
 
-@main.command(short_help="Make a CurveZMQ keypair for a worker beyond loopback.")
+@main.command(short_help="Make a CurveZMQ keypair for a worker beyond loopback, or for a client.")
 @click.argument("directory", type=click.Path(file_okay=False))
-@click.option("--name", default="worker", show_default=True, help="File names: NAME.key and NAME.key_secret.")
+@click.option("--name", default="worker", show_default=True,
+              help="File names: NAME.key and NAME.key_secret; `worker` for the worker's own pair, another name "
+                   "for a client's.")
 @click.option("--force", is_flag=True, help="Replace key files that exist.")
 def keys(directory: str, name: str, force: bool) -> None:
-    """Make a CurveZMQ keypair for a worker that binds beyond loopback.
+    """Make a CurveZMQ keypair for a worker that binds beyond loopback (or, with --name, for a client).
 
-    Writes DIRECTORY/NAME.key_secret (owner-only: pass it to `worker --curve-secret-key`)
-    and DIRECTORY/NAME.key (the public key; the worker also puts it in its connection file).
+    Writes DIRECTORY/NAME.key_secret (owner-only) and DIRECTORY/NAME.key (the public key).
+    A worker's: pass the secret to `worker --curve-secret-key`; the worker puts its public key in its
+    connection file. A client's: copy NAME.key into the folder the worker's `--curve-allow` names, and
+    keep the secret on the client, named by its `curve_secret_key` setting.
     """
     from .runtime.keys import make_pair
 
@@ -118,8 +140,14 @@ def keys(directory: str, name: str, force: bool) -> None:
         public, secret = make_pair(directory, name, force=force)
     except FileExistsError as exc:
         raise click.ClickException(f"{exc.filename} exists; pass --force to replace it") from None
-    click.echo(f"secret key: {secret}  (mode 0600; give it to: sklearn-gpu-bridge worker --curve-secret-key {secret})")
-    click.echo(f"public key: {public}")
+    if name == "worker":
+        click.echo(f"secret key: {secret}  (mode 0600; give it to: sklearn-gpu-bridge worker --curve-secret-key "
+                   f"{secret})")
+        click.echo(f"public key: {public}  (the worker also puts it in its connection file)")
+    else:  # a client's pair: the worker needs only its public half
+        click.echo(f"secret key: {secret}  (mode 0600; keep it on the client, as its curve_secret_key setting: "
+                   f"{ENV_PREFIX}CURVE_SECRET_KEY={secret})")
+        click.echo(f"public key: {public}  (copy it into the folder the worker's --curve-allow names)")
 
 
 @main.command(short_help="Pipeline + GridSearchCV on scikit-learn's digits, timed.")
@@ -290,15 +318,14 @@ def doctor(connection_file: str | None, use_wsl: bool | None, distro: str | None
     """
     import json
 
-    from .manage.doctor import format_check, run
+    from .manage.doctor import format_check, run, summary
 
     result = run(connection_file=connection_file, use_wsl=use_wsl, distro=distro, python=python, measure=measure,
                  quick=quick, on_check=None if as_json else (lambda check: click.echo(format_check(check))))
     if as_json:
         click.echo(json.dumps(result, indent=1, default=str))
     else:
-        failed = sum(c["status"] == "fail" for c in result["checks"])
-        click.echo("all checks passed" if not failed else f"{failed} check(s) failed")
+        click.echo(summary(result))
     if not result["ok"]:
         raise SystemExit(1)
 

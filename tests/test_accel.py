@@ -7,12 +7,18 @@ again. On the scikit-learn backend the answers are scikit-learn's exactly;
 on a cuML worker within cuML's float32 tolerances (labels nearly all).
 """
 
+import base64
+import hashlib
 import os
 import pickle
+import stat
 import subprocess
 import sys
 import textwrap
+import zipfile
+from pathlib import Path
 
+import click
 import joblib
 import numpy as np
 import pytest
@@ -161,7 +167,8 @@ def test_a_module_or_a_string_runs_under_accel_and_vv_tells_each_cpu_call(tmp_pa
     run = _python("-m", "sklearn_gpu_bridge.accel", "-vv", how, target, "an-arg", tmp_path=tmp_path)
     assert "scaled (60, 3) ['an-arg']" in run.stdout
     assert connection.status()["requests"].get("fit", 0) > before  # the scaler ran on the worker
-    assert "KMeans.fit ran on the CPU" in run.stderr and "why on the CPU" in run.stderr  # as it happens; table
+    assert "KMeans.fit ran on the CPU (fell back: TypeError" in run.stderr  # as it happens
+    assert "served on the worker" in run.stderr  # and the table at exit
 
 
 def test_a_worker_never_runs_accel_whatever_its_environment_says(tmp_path, worker, connection):
@@ -192,6 +199,71 @@ def test_a_worker_never_runs_accel_whatever_its_environment_says(tmp_path, worke
         process.wait(30)
     use_worker(worker)
     assert sklearn_gpu_bridge.get_connection().status()["requests"].get("fit", 0) == before  # no fit went there
+
+
+USED = textwrap.dedent("""
+    import numpy as np
+    from sklearn.datasets import make_classification
+    from sklearn.ensemble import HistGradientBoostingClassifier
+    from sklearn.linear_model import LogisticRegression, SGDClassifier
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+    from sklearn.svm import SVC
+
+    X, y = make_classification(n_samples=200, n_features=6, random_state=0)
+    HistGradientBoostingClassifier(max_iter=5).fit(X, y).predict(X)
+    make_pipeline(StandardScaler(), LogisticRegression()).fit(X, y)
+    SGDClassifier().fit(X, y)
+    SVC().fit(X, np.arange(len(y)) % 3)
+    try:
+        LogisticRegression(C=-1.0).fit(X, y)
+    except ValueError as exc:
+        print("refused", type(exc).__name__)
+""")
+
+
+def test_v_lists_every_scikit_learn_class_the_script_used_and_why_it_ran_where_it_ran(tmp_path):
+    (tmp_path / "script.py").write_text(USED)
+    run = _python("-m", "sklearn_gpu_bridge.accel", "-v", "script.py", tmp_path=tmp_path)
+    assert run.stdout == "refused InvalidParameterError\n"  # scikit-learn's own error, raised on the CPU
+    table = run.stderr[run.stderr.index("call "):].splitlines()[2:]
+    rows = {line.split()[0]: (int(line.split()[1]), int(line.split()[2]), line) for line in table}
+    expected = {  # call: (on the worker, on the CPU, why)
+        "HistGradientBoostingClassifier.fit": (0, 1, "not served: cuML has no counterpart"),
+        "Pipeline.fit": (0, 1, "not served: it holds estimators"),
+        "StandardScaler.fit_transform": (1, 0, "served on the worker"),
+        "SGDClassifier.fit": (0, 1, "not served: cuML's MBSGD is another algorithm"),
+        "SVC.fit": (0, 1, "fell back: NotImplementedError: multiclass SVC"),
+        "LogisticRegression.fit": (1, 1, "served on the worker; refused by the worker: "),
+    }
+    for call, (worker, cpu, why) in expected.items():
+        assert call in rows, f"{call} is not in the table:\n{run.stderr}"
+        assert rows[call][:2] == (worker, cpu) and why in rows[call][2], rows[call][2]
+    assert not set(rows) - set(expected), table  # HistGradientBoosting's predict: not counted (no fit)
+
+
+@pytest.mark.parametrize("args, code", [(["missing.py"], 2), (["-m", "no_such_module_here"], 1)],
+                         ids=["script", "module"])
+def test_code_that_cannot_be_found_is_said_in_one_line_as_python_says_it(tmp_path, args, code):
+    served = subprocess.run([sys.executable, "-m", "sklearn_gpu_bridge.accel", *args], capture_output=True,
+                            text=True, cwd=tmp_path, timeout=120)
+    plain = subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert served.returncode == plain.returncode == code
+    assert served.stdout == "" and len(served.stderr.splitlines()) == 1, served.stderr
+    # python's words, after the program's name ("/usr/bin/python: can't open file ...")
+    assert served.stderr.split(": ", 1)[1] == plain.stderr.split(": ", 1)[1]
+    if code == 2:
+        assert f"can't open file {str(tmp_path / 'missing.py')!r}: [Errno 2]" in served.stderr
+
+
+@pytest.mark.parametrize("args", [["broken.py"], ["-c", "import broken"]], ids=["script", "-c"])
+def test_the_codes_own_error_shows_its_own_traceback_as_python_shows_it(tmp_path, args):
+    (tmp_path / "broken.py").write_text("def divide():\n    return 1 / 0\n\n\ndivide()\n")
+    served = subprocess.run([sys.executable, "-m", "sklearn_gpu_bridge.accel", *args], capture_output=True,
+                            text=True, cwd=tmp_path, timeout=120)
+    plain = subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert served.returncode == plain.returncode == 1
+    assert served.stderr == plain.stderr and "ZeroDivisionError" in served.stderr
 
 
 def test_a_model_fitted_under_accel_loads_where_the_bridge_is_not_installed(tmp_path):
@@ -268,7 +340,7 @@ def test_what_the_worker_cannot_do_runs_on_the_cpu_and_the_report_says_why(accel
     model = SVC(decision_function_shape="ovo").fit(X, y=y)  # y by keyword: the same check
     assert report.calls()["SVC.fit"]["cpu"] == 2
     assert model.decision_function(X).shape == (len(X), 3)  # scikit-learn's pairs (3 of them for 3 classes)
-    assert "why on the CPU" in report.table() and "multiclass SVC" in report.table()
+    assert "fell back: NotImplementedError: multiclass SVC" in report.table()
 
 
 def test_no_worker_at_all_runs_everything_on_the_cpu(accelerated, tmp_path):
@@ -324,7 +396,19 @@ def test_the_original_quickstart_runs_through_the_cuml_alias(tmp_path):
     out = _python("-m", "sklearn_gpu_bridge.accel", "quickstart.py", tmp_path=tmp_path).stdout.splitlines()
     predictions = np.array(out[0].strip("[]").split(), dtype=np.float32)
     assert predictions.shape == (5,) and set(predictions) <= {0.0, 1.0}  # float32 labels come back as given
-    assert out[1].startswith("26.") if BACKEND == "cuml" else "scikit-learn" in out[1]
+    assert out[1].startswith("26.")  # the worker's cuML, or the cuML whose API the alias serves
+
+
+@client_without_cuml
+def test_cuml_version_is_a_version_string_and_bridge_says_what_serves_it(tmp_path):
+    """Code parses ``cuml.__version__`` (``packaging.version.Version``); what serves cuml is said elsewhere."""
+    code = "import cuml, packaging.version as v; print(v.Version(cuml.__version__)); print(cuml.__bridge__)"
+    version, bridge = _python("-m", "sklearn_gpu_bridge.accel", "-c", code, tmp_path=tmp_path).stdout.splitlines()
+    if BACKEND == "sklearn":
+        assert version == "26.10.0" and "running scikit-learn on the CPU" in bridge, bridge
+    else:
+        assert version.startswith("26.") and "running cuML 26." in bridge, bridge
+    assert bridge.startswith(f"sklearn-gpu-bridge {sklearn_gpu_bridge.__version__}: cuML 26.10.00's API")
 
 
 # every import path of cuML 26.10 that the alias serves (cuml/__init__.py and the submodules)
@@ -411,3 +495,80 @@ def test_alias_install_makes_import_cuml_work_in_the_environment_and_uninstall_r
     subprocess.run([python, "-m", "sklearn_gpu_bridge", "alias", "uninstall"], check=True, env=env, timeout=60)
     assert subprocess.run(probe, capture_output=True, env=env, timeout=60).returncode != 0
     assert not list(venv.rglob(cuml_alias.PTH_NAME))
+
+
+def _wheel(folder):
+    """A wheel of this checkout, laid out as pyproject.toml says, zipped here (no build backend, no network)."""
+    tomllib = pytest.importorskip("tomllib")
+    root = Path(__file__).resolve().parent.parent
+    setup = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    version = sklearn_gpu_bridge.__version__
+    info = f"sklearn_gpu_bridge-{version}.dist-info"
+    files = {f"{info}/METADATA": f"Metadata-Version: 2.1\nName: sklearn-gpu-bridge\nVersion: {version}\n",
+             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+             f"{info}/entry_points.txt": "[console_scripts]\nsklearn-gpu-bridge = sklearn_gpu_bridge.cli:main\n"}
+    for package in setup["packages"]:  # each package's own files; its subpackages are listed too
+        source = root / setup["package-dir"].get(package, package.replace(".", "/"))
+        for path in sorted(source.iterdir()):
+            if path.is_file() and path.suffix in (".py", ".typed"):
+                files[f"{package.replace('.', '/')}/{path.name}"] = path.read_text()
+    record = []
+    for name, text in files.items():
+        data = text.encode()
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record.append(f"{name},sha256={digest},{len(data)}")
+    files[f"{info}/RECORD"] = "\n".join([*record, f"{info}/RECORD,,"]) + "\n"
+    wheel = Path(folder) / f"sklearn_gpu_bridge-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for name, text in files.items():
+            archive.writestr(name, text)
+    return wheel
+
+
+def _bare_venv(folder):
+    """A virtualenv of this Python's base, without pip, and a folder holding click alone for its PYTHONPATH."""
+    venv = Path(folder) / "env"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    deps = Path(folder) / "deps"
+    deps.mkdir()
+    (deps / "click").symlink_to(Path(click.__file__).parent)  # all that `alias install` needs besides the package
+    python = str(venv / "bin" / "python")
+    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+    return venv, Path(site), {**os.environ, "PYTHONPATH": str(deps)}
+
+
+def test_the_alias_pth_does_nothing_once_the_package_is_uninstalled(tmp_path):
+    """``pip uninstall`` leaves the alias's .pth (no package owns it); each start of Python must stay silent."""
+    venv, site, env = _bare_venv(tmp_path)
+    python = str(venv / "bin" / "python")
+    pip = [sys.executable, "-m", "pip", "--python", python, "--disable-pip-version-check", "-q"]
+    subprocess.run([*pip, "install", "--no-deps", "--no-index", str(_wheel(tmp_path))], check=True, env=env,
+                   timeout=300, capture_output=True)
+    install = subprocess.run([str(venv / "bin" / "sklearn-gpu-bridge"), "alias", "install"], capture_output=True,
+                             text=True, env=env, timeout=60)
+    assert install.returncode == 0, install.stderr
+    probe = [python, "-c", "import cuml; print(cuml.__sklearn_gpu_bridge__)"]
+    assert subprocess.run(probe, capture_output=True, text=True, env=env, timeout=60).stdout == "True\n"
+    subprocess.run([*pip, "uninstall", "-y", "sklearn-gpu-bridge"], check=True, env=env, timeout=300,
+                   capture_output=True)
+    assert (site / cuml_alias.PTH_NAME).exists() and not (site / "sklearn_gpu_bridge").exists()
+    start = subprocess.run([python, "-c", "pass"], capture_output=True, text=True, env=env, timeout=60)
+    assert (start.returncode, start.stdout, start.stderr) == (0, "", "")
+
+
+def test_alias_install_writes_the_pth_0644_whatever_the_umask_and_never_into_a_folder_all_may_write(tmp_path):
+    venv, site, env = _bare_venv(tmp_path)
+    env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], *[p for p in sys.path if p]])  # the package too
+    install = [str(venv / "bin" / "python"), "-m", "sklearn_gpu_bridge", "alias", "install"]
+    site.chmod(site.stat().st_mode | stat.S_IWOTH)
+    try:
+        refused = subprocess.run(install, capture_output=True, text=True, env=env, timeout=60)
+    finally:
+        site.chmod(site.stat().st_mode & ~stat.S_IWOTH)
+    assert refused.returncode == 1 and f"chmod o-w {site}" in refused.stderr, refused.stderr
+    assert not (site / cuml_alias.PTH_NAME).exists()
+    run = subprocess.run(install, capture_output=True, text=True, env=env, timeout=60, umask=0)
+    assert run.returncode == 0, run.stderr
+    assert stat.S_IMODE((site / cuml_alias.PTH_NAME).stat().st_mode) == 0o644
+    assert [p.name for p in site.iterdir() if p.name.startswith(".")] == []  # no temporary file left

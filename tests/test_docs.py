@@ -1,9 +1,13 @@
 """The user documentation against the code: settings, command-line options, links, the README's promises.
 
-Fast, and no worker: these read the config tables, the click group and the Markdown files.
+Fast, and no worker, but for the README's Python snippets, each of which runs as a new user would run it
+(in a process of its own, against the session's worker).
 """
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 from urllib.parse import unquote
 
@@ -148,3 +152,43 @@ def test_the_readme_gives_the_two_commands_verbatim(command):
 
 def test_the_demo_command_exists():
     assert "demo" in main.commands
+
+
+# (e) the README's install steps and Python snippets, as a new user meets them
+
+
+def _readme_blocks(language):
+    return re.findall(rf"^```{language}\n(.*?)^```", _text(README), re.MULTILINE | re.DOTALL)
+
+
+def test_the_readme_installs_client_and_worker_from_a_checkout_each_in_a_virtualenv():
+    """The package is not on PyPI: every install command runs in a checkout's top folder, in a virtualenv."""
+    assert "not published on PyPI" in _text(README)
+    blocks = [b for b in _readme_blocks("bash") if "pip install" in b]
+    assert any(".[worker-cu13]" in b for b in blocks), "README.md does not say how to install the GPU worker"
+    for block in blocks:
+        lines = block.splitlines()
+        pip = next(i for i, line in enumerate(lines) if "pip install" in line)
+        assert "python3 -m venv" in "\n".join(lines[:pip + 1]), f"no virtualenv before pip install in:\n{block}"
+        if ".[worker" in block:  # on another machine than the client's: first into a checkout there
+            assert any(re.match(r"(git clone .* && )?cd \S", line) for line in lines[:pip]), \
+                f"README.md's worker install does not start in a checkout:\n{block}"
+
+
+SNIPPETS = _readme_blocks("python")
+
+
+@pytest.mark.parametrize("snippet", SNIPPETS, ids=[f"snippet{i}" for i in range(len(SNIPPETS))])
+def test_each_python_snippet_of_the_readme_runs_alone(snippet, worker, tmp_path):
+    """As the README says to run it: code that imports the bridge with python, unchanged scikit-learn or cuML code
+    under ``python -m sklearn_gpu_bridge.accel``; each in a fresh process, in an empty folder."""
+    assert len(SNIPPETS) >= 3
+    (tmp_path / "snippet.py").write_text(snippet)
+    accel = [] if re.search(r"^(from|import) sklearn_gpu_bridge\b", snippet, re.MULTILINE) else [
+        "-m", "sklearn_gpu_bridge.accel"]
+    env = {**os.environ, config.ENV_CONNECTION_FILE: str(worker.connection_file),
+           config.ENV_PREFIX + "LOCAL_BACKEND": "sklearn"}
+    run = subprocess.run([sys.executable, *accel, "snippet.py"], capture_output=True, text=True, cwd=tmp_path,
+                         env=env, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.strip(), "the snippet printed nothing"

@@ -4,7 +4,10 @@ Code written for cuML (``import cuml``, ``from cuml.svm import SVC``,
 ``cuml.PCA``, ``cuml.set_global_output_type("numpy")`` ...) runs unchanged on
 a machine without cuML: each cuML class is its ``GPU*`` wrapper under cuML's
 name and module, taking cuML's infrastructure arguments too (``handle``,
-``verbose``, ``output_type``), and ``cuml.__version__`` is the worker's cuML.
+``verbose``, ``output_type``). ``cuml.__version__`` is a version string as
+cuML's is: the worker's cuML, or on a worker without cuML the cuML release
+whose API the alias serves (:data:`CUML_API_VERSION`); ``cuml.__bridge__``
+says which.
 
 It is switched on by a finder (cheap: importing this module loads no numpy)
 at the END of ``sys.meta_path``, so that a real cuML, wherever importable, is
@@ -49,6 +52,12 @@ DEVICE_OUTPUT_TYPES = ("cupy", "cudf", "numba", "array", "series", "dataframe", 
 ARRAY_METHODS = ("predict", "predict_proba", "predict_log_proba", "decision_function", "transform",
                  "fit_transform", "inverse_transform", "score_samples", "fit_predict", "kneighbors")
 PTH_NAME = "sklearn_gpu_bridge_cuml_alias.pth"
+#: the .pth's one line (site runs lines that start with ``import``): it enables the alias only while the
+#: package is installed, so that the file left behind by ``pip uninstall`` does nothing at all
+PTH_LINE = ('import importlib.util as _u; _s = _u.find_spec("sklearn_gpu_bridge"); _s and _s.origin and '
+            '__import__("sklearn_gpu_bridge.accel.cuml_alias", fromlist=["enable"]).enable()\n')
+#: the cuML release whose import paths and parameters the alias serves
+CUML_API_VERSION = "26.10.00"
 
 _settings = threading.local()
 _global_output_type = ["input"]
@@ -178,13 +187,25 @@ def alias_class(name: str) -> type:
 # ---------------------------------------------------------------- the module tree
 
 
-def _version():
-    """The worker's cuML version (asked on first use)."""
-    from ..client import get_connection
+def _versions() -> tuple[str, str, bool]:
+    """(``cuml.__version__``, ``cuml.__bridge__``, whether to keep them): asked of the worker on first use.
 
-    versions = get_connection().capabilities.versions
-    return versions.get("cuml") or f"none (sklearn-gpu-bridge {versions.get('sklearn-gpu-bridge')}: the worker " \
-                                   "runs scikit-learn)"
+    ``__version__`` stays a version string (code parses it); what serves ``cuml`` is said in ``__bridge__``.
+    """
+    from ..client import get_connection
+    from ..errors import BridgeError
+    from ..version import __version__ as ours
+
+    try:
+        versions = get_connection().capabilities.versions
+    except BridgeError as exc:  # asked again on the next access: a worker may have started meanwhile
+        return CUML_API_VERSION, (f"sklearn-gpu-bridge {ours}: cuML {CUML_API_VERSION}'s API; no worker answered "
+                                  f"({type(exc).__name__}: {exc})"), False
+    if versions.get("cuml"):
+        return versions["cuml"], (f"sklearn-gpu-bridge {ours}: cuML {CUML_API_VERSION}'s API, served by a worker "
+                                  f"running cuML {versions['cuml']}"), True
+    return CUML_API_VERSION, (f"sklearn-gpu-bridge {ours}: cuML {CUML_API_VERSION}'s API, served by a worker "
+                              "running scikit-learn on the CPU (no cuML there)"), True
 
 
 def _submodules():
@@ -201,10 +222,11 @@ class _AliasModule(types.ModuleType):
         names = self.__dict__.get("_classes", ())
         if attr in names:
             value = alias_class(attr)
-        elif attr == "__version__" and self.__name__ == "cuml":
-            value = _version()
-            self.__dict__["__version__"] = value
-            return value
+        elif attr in ("__version__", "__bridge__") and self.__name__ == "cuml":
+            version, bridge, keep = _versions()
+            if keep:
+                self.__dict__.update(__version__=version, __bridge__=bridge)
+            return version if attr == "__version__" else bridge
         elif attr in self.__dict__.get("_submodules", ()):
             value = importlib.import_module(f"{self.__name__}.{attr}")
         else:
@@ -282,14 +304,38 @@ def pth_path() -> Path:
 
 
 def install_pth() -> Path:
-    """Write the ``.pth`` that enables the alias at every start-up of this environment's Python."""
+    """Write the ``.pth`` that enables the alias at every start-up of this environment's Python.
+
+    Mode 0644 whatever the umask; refused where a real cuML is importable, or where every user may write
+    the site-packages folder (any of them could then replace the file that each start of Python runs).
+    """
+    import os
+    import stat
+    import tempfile
+
     from ..errors import ConfigurationError
 
     if real_cuml_importable():
         raise ConfigurationError("a real cuML is importable in this environment: `import cuml` already runs "
                                  "cuML itself, and the alias would never be used; nothing was installed")
     path = pth_path()
-    path.write_text("import sklearn_gpu_bridge.accel.cuml_alias as _alias; _alias.enable()\n")
+    folder = path.parent
+    mode = folder.stat().st_mode
+    if os.name == "posix" and mode & stat.S_IWOTH and not mode & stat.S_ISVTX:
+        raise ConfigurationError(f"{folder} is writable by every user, who could replace the alias's .pth "
+                                 f"(which every start of this Python runs); nothing was installed. Fix: "
+                                 f"chmod o-w {folder}", f"chmod o-w {folder}")
+    # a fresh file renamed over the old one: never a link another user left at the name, never the umask's mode
+    fd, temporary = tempfile.mkstemp(dir=folder, prefix=".sklearn_gpu_bridge_", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            if hasattr(os, "fchmod"):  # not on Windows before Python 3.13, where modes do not apply
+                os.fchmod(f.fileno(), 0o644)
+            f.write(PTH_LINE)
+        os.replace(temporary, path)
+    except BaseException:
+        os.unlink(temporary)
+        raise
     return path
 
 

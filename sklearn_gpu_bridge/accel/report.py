@@ -1,4 +1,4 @@
-"""Where each call of an accelerated class ran (the worker or this CPU), and why not the worker."""
+"""Where each call of a scikit-learn estimator ran (the worker or this CPU), and why there."""
 
 import os
 import sys
@@ -25,7 +25,7 @@ def record(cls, method, where, reason=None):
         if reason:
             _reasons[key][reason] += 1
     if where == "cpu" and level() >= 2:
-        print(f"[sklearn-gpu-bridge.accel] {key} ran on the CPU: {reason}", file=sys.stderr)
+        print(f"[sklearn-gpu-bridge.accel] {key} ran on the CPU ({reason})", file=sys.stderr)
 
 
 def calls():
@@ -36,15 +36,18 @@ def calls():
 
 
 def table():
-    """The calls as a text table: per class and method, on the worker, on the CPU, and why."""
+    """The calls as a text table: per class and method, on the worker, on the CPU, and why there."""
     rows = calls()
     if not rows:
-        return "sklearn-gpu-bridge.accel: no call of an accelerated scikit-learn class"
+        return "sklearn-gpu-bridge.accel: no call of a scikit-learn estimator was counted"
     width = max(len(k) for k in rows)
-    lines = [f"{'call':{width}}  {'worker':>7}  {'CPU':>7}  why on the CPU",
-             f"{'-' * width}  {'-' * 7}  {'-' * 7}  {'-' * 13}"]
+    lines = [f"{'call':{width}}  {'worker':>7}  {'CPU':>7}  why",
+             f"{'-' * width}  {'-' * 7}  {'-' * 7}  {'-' * 20}"]
     for key, row in rows.items():
-        why = "; ".join(f"{reason} ({n})" for reason, n in row["reasons"].items())
+        reasons = row["reasons"]
+        why = "; ".join(f"{reason} ({n})" if len(reasons) > 1 else reason for reason, n in reasons.items())
+        if row["worker"]:
+            why = "served on the worker" + (f"; {why}" if why else "")
         lines.append(f"{key:{width}}  {row['worker']:>7}  {row['cpu']:>7}  {why}")
     return "\n".join(lines)
 

@@ -10,24 +10,35 @@ mapping, never pickled) and answers its predict, transform ... calls.
 Per call, as ``cuml.accel`` does: what the worker cannot do (cuML's own
 conversion says ``UnsupportedOnGPU``, input a class cannot take, a keyword
 its method lacks, no worker at all) runs on this CPU with scikit-learn, and
-:mod:`.report` counts where each call ran and why.
+:mod:`.report` counts where each call ran and why. The fits of every other
+scikit-learn estimator are counted too, with why it is not served, so that
+the report names every class the code used.
 """
 
 import functools
+import sys
 import threading
 import weakref
 
-from sklearn.base import ClassifierMixin
+from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.utils._set_output import _wrap_method_output
 
 from ..catalogue import ESTIMATORS, load
+from ..errors import RemoteTraceback
 from . import report
 
-#: classes not served: scikit-learn's class answers something else than cuML's (the MBSGD rows are SGD's
-#: stand-ins; TargetEncoder, HDBSCAN differ by design), or takes no X (the label encoders), or is not
-#: scikit-learn's (UMAP)
-NOT_SERVED = frozenset({"MBSGDClassifier", "MBSGDRegressor", "TargetEncoder", "HDBSCAN", "LabelEncoder",
-                        "LabelBinarizer", "OneHotEncoder", "UMAP"})
+#: catalogue rows not served, and why: scikit-learn's class answers something else than cuML's, or takes no
+#: X, or is not scikit-learn's (UMAP)
+NOT_SERVED = {
+    "MBSGDClassifier": "cuML's MBSGD is another algorithm than SGD",
+    "MBSGDRegressor": "cuML's MBSGD is another algorithm than SGD",
+    "TargetEncoder": "cuML's differs by design",
+    "HDBSCAN": "cuML's differs by design",
+    "LabelEncoder": "no array work to move",
+    "LabelBinarizer": "no array work to move",
+    "OneHotEncoder": "no array work to move",
+    "UMAP": "not scikit-learn's",
+}
 FITTING = ("fit", "fit_transform", "fit_predict")
 #: methods that run on the CPU under accel (they update a model in place, one batch at a time)
 PLAIN = ("partial_fit",)
@@ -47,9 +58,11 @@ def served_classes():
 
 
 def install():
-    """Patch every served class (idempotent)."""
+    """Patch every served class, and count the fits of the other scikit-learn estimators (idempotent)."""
     if _patched:
         return
+    _patched[BaseEstimator, "_validate_params"] = BaseEstimator.__dict__["_validate_params"]
+    BaseEstimator._validate_params = _counting(BaseEstimator._validate_params)
     for name, cls in served_classes().items():
         row = ESTIMATORS[name]
         for method in ("fit", *sorted(row.methods)):
@@ -90,8 +103,57 @@ def _run_on_cpu(original, self, args, kwargs):
 
 
 def _reason(exc):
+    """Why a call left the worker: the worker's refusal, or what made the client run it on its CPU."""
     text = str(exc).split("\n")[0].strip()
-    return f"{type(exc).__name__}: {text}"[:160] if text else type(exc).__name__
+    text = f"{type(exc).__name__}: {text}"[:160] if text else type(exc).__name__
+    return ("refused by the worker: " if isinstance(exc.__cause__, RemoteTraceback) else "fell back: ") + text
+
+
+def _counting(validate):
+    """``BaseEstimator._validate_params``, which scikit-learn's fit methods call first, recording the fits of
+    the classes and methods accel does not serve (the served ones record their own calls)."""
+
+    @functools.wraps(validate)
+    def _validate_params(self):
+        cls = type(self)
+        if cls.__module__.startswith("sklearn.") and not getattr(_cpu, "depth", 0):
+            method = _fit_method(sys._getframe(1))
+            if not _is_served(cls, method):
+                report.record(cls, method, "cpu", _not_served(self, method))
+        return validate(self)
+
+    return _validate_params
+
+
+def _fit_method(frame):
+    """The method that scikit-learn's ``_fit_context`` (the caller) wraps: "fit", "partial_fit" ..."""
+    method = frame.f_locals.get("fit_method") if frame.f_code.co_name == "wrapper" else None
+    return getattr(method, "__name__", "fit")
+
+
+def _is_served(cls, method):
+    return getattr(getattr(cls, method, None), "_sklearn_gpu_bridge", False)
+
+
+def _not_served(estimator, method):
+    cls = type(estimator)
+    if _is_served(cls, "fit"):
+        return (f"not served: {method} updates a model batch by batch, on the CPU" if method in PLAIN
+                else f"not served: {method} runs on the CPU")
+    for name, why in NOT_SERVED.items():
+        if ESTIMATORS[name].sklearn.rsplit(".", 1)[-1] == cls.__name__:
+            return f"not served: {why}"
+    if any(_holds_estimators(value) for value in estimator.get_params(deep=False).values()):
+        return "not served: it holds estimators, which have rows of their own"
+    return "not served: cuML has no counterpart"
+
+
+def _holds_estimators(value):
+    """An estimator, or a list of them or of (name, estimator) pairs (Pipeline's steps, VotingClassifier's ...)."""
+    if isinstance(value, BaseEstimator):
+        return True
+    return isinstance(value, list) and any(isinstance(item, BaseEstimator) or (
+        isinstance(item, tuple) and any(isinstance(v, BaseEstimator) for v in item)) for item in value)
 
 
 def _fitting(name, cls, method, original):
@@ -120,10 +182,11 @@ def _calling(cls, method, original):
     @functools.wraps(original)
     def call(self, *args, **kwargs):
         wrapper = _served.get(self)
-        if wrapper is None or getattr(_cpu, "depth", 0):
-            if not getattr(_cpu, "depth", 0):
-                report.record(cls, method, "cpu", "fitted on the CPU, or loaded: no model on the worker")
+        if getattr(_cpu, "depth", 0):
             return original(self, *args, **kwargs)
+        if wrapper is None:  # its own nested calls (predict's predict_proba ...) are not counted again
+            report.record(cls, method, "cpu", "fitted on the CPU, or loaded: no model on the worker")
+            return _run_on_cpu(original, self, args, kwargs)
         try:
             result = getattr(wrapper, method)(*args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - the fitted scikit-learn state answers here instead

@@ -290,3 +290,13 @@ def format_check(check: Check) -> str:
     if check.fix and check.status in ("fail", "warn"):
         line += f"\n       fix: {check.fix}"
     return line
+
+
+def summary(result: dict[str, Any]) -> str:
+    """The last line of ``doctor``: failures and warnings counted ("all checks passed, 2 warnings")."""
+    counts = {status: sum(c["status"] == status for c in result["checks"]) for status in ("fail", "warn")}
+    head = (f"{counts['fail']} check{'s' if counts['fail'] != 1 else ''} failed" if counts["fail"]
+            else "all checks passed")
+    if counts["warn"]:
+        head += f", {counts['warn']} warning{'s' if counts['warn'] != 1 else ''}"
+    return head
