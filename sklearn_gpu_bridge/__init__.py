@@ -7,6 +7,7 @@ Importing the package is cheap: the settings and errors load now; the
 from .config import config_context, get_config, set_config
 from .errors import (
     BridgeError,
+    BridgeWarning,
     ConfigurationError,
     ProtocolError,
     RemoteError,
@@ -46,8 +47,8 @@ def __dir__():
 
 
 __all__ = [
-    "BridgeError", "ConfigurationError", "ProtocolError", "RemoteError", "VersionMismatch", "WorkerLost",
-    "WorkerUnavailable", "config_context", "execution_mode", "get_config", "get_connection", "reset_connection",
-    "set_config",
+    "BridgeError", "BridgeWarning", "ConfigurationError", "ProtocolError", "RemoteError", "VersionMismatch",
+    "WorkerLost", "WorkerUnavailable", "config_context", "execution_mode", "get_config", "get_connection",
+    "reset_connection", "set_config",
     *_wrappers(),
 ]

@@ -1,6 +1,8 @@
-"""The exceptions a user of the bridge can see, and how errors cross the wire.
+"""The exceptions and warnings a user of the bridge can see, and how errors cross the wire.
 
-Every error the bridge itself raises derives from :class:`BridgeError`.
+Every error the bridge itself raises derives from :class:`BridgeError`, every warning it gives is a
+:class:`BridgeWarning`, and every warning it gives or passes on from the worker points at the user's
+line (:func:`warn_at_caller`).
 Errors raised by the estimator on the worker are NOT wrapped: the worker
 describes them (:func:`describe`) and the client re-raises them with their
 original type (``ValueError`` stays ``ValueError``) and the remote traceback
@@ -11,7 +13,9 @@ Shared by both sides: imports nothing of the package.
 """
 
 import importlib
+import sys
 import traceback
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -34,6 +38,18 @@ class WorkerUnavailable(BridgeError):
 
 class WorkerLost(BridgeError):
     """The worker stopped answering in the middle of a call."""
+
+
+class BridgeWarning(RuntimeWarning):
+    """Base of every warning that the bridge itself gives.
+
+    The notice that a worker runs scikit-learn on the CPU (cuML is not usable there), a fitted model
+    answering on the CPU (``cpu_fallback``), a model pickled by another version. Warnings of the
+    estimators on the worker (scikit-learn's or cuML's ``ConvergenceWarning`` ...) keep their own
+    category. To silence the bridge's alone::
+
+        warnings.filterwarnings("ignore", category=sklearn_gpu_bridge.BridgeWarning)
+    """
 
 
 class ProtocolError(BridgeError):
@@ -130,3 +146,56 @@ def rebuild(reply: Mapping[str, Any]) -> Exception:
 def warning_class(module: str, name: str) -> type[Warning]:
     """A warning category from the worker, or UserWarning where it is not safe to name."""
     return _safe_class(module, name, Warning) or UserWarning
+
+
+# ---------------------------------------------------------------- the user's line
+
+#: top-level modules whose frames a warning passes over on its way to the user's line: the bridge itself, and
+#: what calls the estimators or loads them on the user's behalf (a Pipeline, a search, joblib, a pickle)
+PASSED_OVER = frozenset({"sklearn_gpu_bridge", "sklearn", "joblib", "pickle", "copyreg", "copy"})
+
+
+def _top_module(frame) -> str:
+    return frame.f_globals.get("__name__", "").partition(".")[0]
+
+
+def _internal(frame) -> bool:
+    """A frame of the import system, which ``warnings.warn`` leaves out when it counts ``stacklevel``."""
+    filename = frame.f_code.co_filename
+    return "importlib" in filename and "_bootstrap" in filename
+
+
+def caller_stacklevel() -> int:
+    """The ``stacklevel`` at which ``warnings.warn``, called by the caller of this function, names the user's line.
+
+    That is the innermost frame outside :data:`PASSED_OVER`, as a warning of scikit-learn's own points
+    at the user's ``fit`` or ``predict``, also through a Pipeline or a search. Where every frame is
+    passed over (in a joblib worker process, which runs no code of the user's), the innermost frame
+    outside the bridge. Python 3.12's ``skip_file_prefixes`` does this; this runs on 3.10 too.
+    """
+    frame, level, fallback = sys._getframe(1), 1, None
+    while True:
+        top = _top_module(frame)
+        if fallback is None and top != "sklearn_gpu_bridge":
+            fallback = level
+        if top not in PASSED_OVER:
+            return level
+        frame = frame.f_back
+        while frame is not None and _internal(frame):
+            frame = frame.f_back
+        if frame is None:
+            return fallback or level
+        level += 1
+
+
+def warn_at_caller(message: str, category: type[Warning] = BridgeWarning) -> None:
+    """``warnings.warn(message, category)`` at the user's line (:func:`caller_stacklevel`).
+
+    Parameters
+    ----------
+    message : str
+        What to say.
+    category : type of Warning, default BridgeWarning
+        The warning's class: the bridge's own, or a worker's warning's own (:func:`warning_class`).
+    """
+    warnings.warn(message, category, stacklevel=caller_stacklevel())

@@ -139,6 +139,64 @@ class CumlLikeSVC(ClassifierMixin, BaseEstimator):
             return getattr(estimators[0], name)
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
+    def __getstate__(self):
+        """The state, each support vector once: a sample is a support vector of every pair (or class) model
+        it helps define, up to ``n_classes - 1`` of them, so saved one copy per SVC the file would weigh
+        several times scikit-learn's SVC, which keeps each once (libsvm's one-vs-one)."""
+        state = dict(super().__getstate__())  # a copy: on Python 3.11+ object's is the instance's own dict
+        packed = _pack_support_vectors(state.get("estimators_"))
+        if packed is not None:
+            state["estimators_"] = packed
+        return state
+
+    def __setstate__(self, state):
+        estimators = state.get("estimators_")
+        if isinstance(estimators, _PackedSVCs):
+            state = {**state, "estimators_": estimators.unpack()}
+        super().__setstate__(state)
+
+
+class _PackedSVCs:
+    """Binary SVCs as they are saved: their support vectors, each distinct row once, taken out of them.
+
+    ``vectors`` holds the distinct rows, ``rows`` the row of each SVC's support vectors in turn (``counts``
+    of them each), ``states`` each SVC's class and its other attributes. Rows are told apart by their
+    bytes, so each SVC gets back exactly its array (dtype, values, order of rows).
+    """
+
+    def __init__(self, vectors, rows, counts, states):
+        self.vectors, self.rows, self.counts, self.states = vectors, rows, counts, states
+
+    def unpack(self):
+        estimators = []
+        for (cls, state), rows in zip(self.states, np.split(self.rows, np.cumsum(self.counts)[:-1])):
+            estimator = cls.__new__(cls)
+            estimator.__setstate__(state)
+            estimator.support_vectors_ = self.vectors[rows]  # C-contiguous, as libsvm's predict wants them
+            estimators.append(estimator)
+        return estimators
+
+
+def _pack_support_vectors(estimators):
+    """:class:`_PackedSVCs` of ``estimators``, or None where nothing is shared: one SVC, or sparse or
+    mixed support vectors (the estimators are then saved as they are)."""
+    if not isinstance(estimators, list) or len(estimators) < 2:
+        return None
+    vectors = [getattr(e, "support_vectors_", None) for e in estimators]
+    if not all(isinstance(v, np.ndarray) and v.ndim == 2 for v in vectors) or \
+            len({(v.dtype, v.shape[1]) for v in vectors}) != 1:
+        return None
+    stacked = np.ascontiguousarray(np.concatenate(vectors))
+    as_bytes = stacked.view(np.dtype((np.void, stacked.dtype.itemsize * stacked.shape[1])))
+    _, first, rows = np.unique(as_bytes.ravel(), return_index=True, return_inverse=True)
+    states = []
+    for estimator in estimators:
+        state = dict(estimator.__getstate__())
+        del state["support_vectors_"]
+        states.append((type(estimator), state))
+    return _PackedSVCs(stacked[first], rows.astype(np.int32 if len(first) < 2**31 else np.int64),
+                       [len(v) for v in vectors], states)
+
 
 class CumlLikeSGDClassifier(SGDClassifier):
     """SGDClassifier whose ``predict`` is cuML MBSGDClassifier's: ``score > 0`` (hinge) or ``score > 0.5``."""

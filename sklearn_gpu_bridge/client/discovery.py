@@ -4,6 +4,8 @@
 name (``connection_file``), else to the default connection file's worker, else to a local worker
 it starts (one per user process tree, :mod:`sklearn_gpu_bridge.manage.local_worker`); inside a
 Dask worker that has cuML it runs cuML in this process instead (:func:`execution_mode`).
+:func:`connection_at_hand` is the same without starting a worker: a loaded model that can answer
+in process asks it.
 """
 
 import atexit
@@ -11,25 +13,31 @@ import logging
 import os
 import sys
 import threading
-import warnings
+import time
 
 from ..catalogue import is_cuml_alias, real_cuml_importable
-from ..config import ENV_CONNECTION_FILE, get_config, get_setting
-from ..errors import ConfigurationError, WorkerUnavailable
-from ..manage.local_worker import ensure_local_worker, is_local_connection_file
+from ..config import ENV_CONNECTION_FILE, ENV_PREFIX, get_config, get_setting
+from ..errors import ConfigurationError, WorkerUnavailable, warn_at_caller
+from ..manage.local_worker import ensure_local_worker, is_local_connection_file, owner_pid
 from ..manage.transport_select import client_transport
 from ..runtime.connection_file import default_connection_file, read_connection_file, start_hint
+from ..runtime.private_files import pid_alive, runtime_folder
 from ..transport.inprocess import InProcessTransport
 from .connection import Connection, connect
 
 log = logging.getLogger(__name__)
 
 EXECUTION_MODES = ("auto", "worker", "in_process")
+#: set once a process has said that its worker runs on the CPU: the processes it starts from then on
+#: (joblib's workers, a subprocess) inherit it and do not say it again
+ENV_CPU_NOTICE = ENV_PREFIX + "CPU_NOTICE_GIVEN"
+#: seconds for which :func:`connection_at_hand` trusts that no worker is at hand
+NONE_AT_HAND_SECONDS = 1.0
 
 _lock = threading.RLock()
 _connection = None
-_warned_fallback = False
 _exit_hook = None
+_none_at_hand_until = 0.0
 
 
 def _in_dask_worker():
@@ -101,6 +109,59 @@ def get_connection() -> Connection:
         return _connection
 
 
+def connection_at_hand() -> Connection | None:
+    """This process's connection where it has one, or can have one without starting a worker; else None.
+
+    At hand are: the connection this process holds; the worker configured (the ``connection_file``
+    setting, or ``SKLEARN_GPU_BRIDGE_CONNECTION_FILE``, which joblib's children inherit) and execution in
+    process, both as :func:`get_connection` gives them, errors included; the default connection file's
+    worker, if it answers; the local worker of this process tree (its parent's or a sibling's), if it
+    runs. None where there is none of these: a loaded model then answers in process with its portable
+    form, rather than wait seconds for a local worker to start.
+    """
+    global _none_at_hand_until
+    conn = _connection
+    if _usable(conn):
+        return conn
+    if get_setting("connection_file") is not None or execution_mode()["mode"] == "in_process":
+        return get_connection()
+    # Looking costs tens of microseconds (files, a private folder's checks), a call that answers in
+    # process little more: a "none" holds for a moment, so a loop of small predicts does not pay it each time.
+    if time.monotonic() < _none_at_hand_until:
+        return None
+    conn = _unconfigured_at_hand()
+    if conn is None:
+        _none_at_hand_until = time.monotonic() + NONE_AT_HAND_SECONDS
+    return conn
+
+
+def _unconfigured_at_hand():
+    """The default connection file's worker if it answers, else the local worker of this process tree if it
+    runs (connected to), else None."""
+    default = default_connection_file()
+    if default.exists():
+        try:
+            info = read_connection_file(default)
+        except (OSError, ConfigurationError):
+            return None
+        if info.address.startswith("ipc://") and not pid_alive(info.pid):
+            return None  # a file left by a worker of this host that is gone: no need to ask it
+        try:
+            return get_connection()
+        except WorkerUnavailable:
+            return None
+    return get_connection() if _local_worker_runs() else None
+
+
+def _local_worker_runs():
+    """Whether the local worker of this process tree runs (named by its owner's pid, as local_worker names it)."""
+    try:
+        pid = read_connection_file(runtime_folder() / f"local-{owner_pid()}.json").pid
+    except (OSError, ConfigurationError):
+        return False
+    return pid_alive(pid)
+
+
 def heads_up() -> None:
     """Tell this process's worker, if it has one already, that a request is on its way
     (:meth:`Connection.heads_up`); connects to nothing."""
@@ -144,7 +205,6 @@ def _connect_in_process():
 
 
 def _connect():
-    global _warned_fallback
     config = get_config()
     path, process = config["connection_file"], None
     if path is None and default_connection_file().exists():
@@ -167,7 +227,20 @@ def _connect():
         array_cache=config["array_cache"], cache_min_bytes=config["cache_min_bytes"],
     )
     reason = conn.capabilities.fallback_reason
-    if reason and not _warned_fallback:
-        _warned_fallback = True
-        warnings.warn(f"sklearn-gpu-bridge: running on scikit-learn (CPU): {reason}", RuntimeWarning, stacklevel=4)
+    if reason:
+        _cpu_notice(reason)
     return conn
+
+
+def _cpu_notice(reason):
+    """Say, once per process tree, that the worker runs scikit-learn on the CPU (a BridgeWarning).
+
+    Not again in this process, nor in one started after it said so (:data:`ENV_CPU_NOTICE`); never in
+    a joblib or multiprocessing child, whose parent is the user's process: a search's children use the
+    worker before the parent does, and the parent says it when it refits (a parent that uses no worker
+    itself, such as ``cross_val_score``'s, says nothing).
+    """
+    if os.environ.get(ENV_CPU_NOTICE) or owner_pid() != os.getpid():
+        return
+    os.environ[ENV_CPU_NOTICE] = "1"
+    warn_at_caller(f"sklearn-gpu-bridge: running on scikit-learn (CPU): {reason}")

@@ -18,9 +18,11 @@ scikit-learn equivalent of the remote model (cuML's ``as_sklearn()``):
 
 A wrapper whose state is on the client and which meets a worker that does not
 know it (a new process, a restarted worker) pushes the state back on first
-use. Where no worker can be reached at all, ``cpu_fallback=True`` lets it
-answer with the local scikit-learn model (with a warning); by default that is
-an error naming the option. A fit never falls back: it needs a worker.
+use. A loaded model in a process where no worker is configured or running
+answers with its portable form in process, and starts none. Where the worker
+configured cannot be reached, ``cpu_fallback=True`` lets it answer with the
+local scikit-learn model (with a warning); by default that is an error naming
+the option. A fit never falls back: it needs a worker.
 
 The wrapper asks; the connection places: validating and describing what is
 sent is the wrapper's, casting, encoding and sizing the reply's room are the
@@ -31,7 +33,6 @@ small mixins (``methods.py``); ``spec.py`` puts them together per class.
 import functools
 import math
 import threading
-import warnings
 import weakref
 
 import cloudpickle
@@ -41,11 +42,11 @@ from sklearn.utils import assert_all_finite
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import FLOAT_DTYPES, _check_sample_weight, check_array, check_is_fitted, validate_data
 
-from ..client.discovery import get_connection, heads_up
+from ..client.discovery import connection_at_hand, get_connection, heads_up
 from ..config import get_setting
-from ..errors import WorkerUnavailable
+from ..errors import WorkerUnavailable, warn_at_caller
 from ..parallel import PARALLEL_MIN
-from ..protocol.arrays import defer_finite_check
+from ..protocol.arrays import check_finite_now, defer_finite_check
 from ..protocol.session import PLAIN_TYPES
 from ..version import __version__
 
@@ -275,17 +276,40 @@ class RemoteEstimator(BaseEstimator):
     def _run(self, method, args, kwargs, *, fallback=True, finite=False):
         """``method(*args, **kwargs)`` on the worker; on the local scikit-learn model if allowed.
 
+        ``fallback``: a method of a fitted model (not ``partial_fit``), which the portable model may answer
+        here: always where no worker is at hand (:meth:`_connection_for_call`), and with ``cpu_fallback``
+        where the one configured cannot be reached.
         ``finite``: every float array of ``args`` and ``kwargs`` was checked for NaN and inf here.
         """
         try:
-            connection = get_connection()
+            connection = self._connection_for_call() if fallback else get_connection()
         except WorkerUnavailable as exc:
             if not fallback:
                 raise
             return self._run_on_cpu(method, args, kwargs, exc)
+        if connection is None:
+            return self._run_here(method, args, kwargs)
         handle = self._handle_on(connection)
         return connection.call(handle, method, args, kwargs, n_classes=len(getattr(self, "classes_", ())),
                                finite=finite)
+
+    def _connection_for_call(self):
+        """The connection a method call goes to, or None: answer here with the portable model.
+
+        A model fitted in this process goes to this process's worker. A loaded one (no handle) that carries
+        a portable form starts no worker to answer: where none is configured or running
+        (:func:`connection_at_hand` is None) it answers in this process, as scikit-learn would. One that
+        carries none needs a worker, found or started as for a fit.
+        """
+        if "_remote" in self.__dict__ or self.__dict__.get("_sklearn_model") is None:
+            return get_connection()
+        return connection_at_hand()
+
+    def _run_here(self, method, args, kwargs):
+        """``method`` of the carried portable model, in this process; X is checked here (as it would be
+        on its way to a worker) and labels decoded by the caller, as a worker's answer is."""
+        args = [check_finite_now(a) if isinstance(a, np.ndarray) else a for a in args]
+        return getattr(self.__dict__["_sklearn_model"], method)(*args, **kwargs)
 
     def _run_on_cpu(self, method, args, kwargs, exc):
         name = type(self).__name__
@@ -301,11 +325,9 @@ class RemoteEstimator(BaseEstimator):
                 "set sklearn_gpu_bridge.set_config(cpu_fallback=True) "
                 "(or SKLEARN_GPU_BRIDGE_CPU_FALLBACK=1) to allow that"
             ) from exc
-        warnings.warn(
-            f"{name}.{method}: no worker can be reached ({exc}); computing it on the CPU "
-            "with the carried portable model (cpu_fallback=True)", RuntimeWarning, stacklevel=4,
-        )
-        return getattr(model, method)(*args, **kwargs)
+        warn_at_caller(f"{name}.{method}: no worker can be reached ({exc}); computing it on the CPU "
+                       "with the carried portable model (cpu_fallback=True)")
+        return self._run_here(method, args, kwargs)
 
     def _handle_on(self, connection):
         """The handle on this worker, pushing the fitted state back if the worker is new."""
@@ -399,10 +421,7 @@ class RemoteEstimator(BaseEstimator):
     def __setstate__(self, state):
         version = state.pop("_bridge_version", None)
         if version not in (None, __version__):
-            warnings.warn(
-                f"{type(self).__name__} was pickled by sklearn-gpu-bridge {version}; "
-                f"this is {__version__}", UserWarning, stacklevel=2,
-            )
+            warn_at_caller(f"{type(self).__name__} was pickled by sklearn-gpu-bridge {version}; this is {__version__}")
         super().__setstate__(state)
 
 
