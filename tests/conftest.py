@@ -3,6 +3,11 @@
 The backend is scikit-learn on CPU unless SKLEARN_GPU_BRIDGE_TEST_BACKEND=cuml
 (the GPU machine). Every wait has a timeout, and a worker's log is printed
 when a test using it fails.
+
+Tests leave the machine as they found it, also when they fail: a user they
+create is removed, a folder they make is removed (finalizers), and the
+private folders the suite's workers made in the temp folder go when the
+session ends, if the session made them.
 """
 
 import contextlib
@@ -10,9 +15,14 @@ import json
 import os
 import pwd
 import shutil
+import signal
+import socket
+import stat
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -212,9 +222,97 @@ def wait_until(condition, seconds, step=0.05):
     return condition()
 
 
+# ---------------------------------------------------------------- leaving the machine as it was
+
+
+def _suite_folders():
+    """The private folders this user's workers make in the temp folder (sockets, local workers' files)."""
+    base = os.environ.get("XDG_RUNTIME_DIR")
+    folders = [Path(tempfile.gettempdir()) / f"sklearn-gpu-bridge-{os.getuid()}", Path(f"/tmp/sgb-{os.getuid()}")]
+    if base:
+        folders.append(Path(base) / "sklearn-gpu-bridge")
+    return folders
+
+
+def _stale(path):
+    """Whether ``path`` is a socket of this user that nobody listens on any more, or a local worker's file whose
+    owner process is gone (what a worker killed by a test leaves behind)."""
+    try:
+        info = path.lstat()
+    except OSError:
+        return False
+    if info.st_uid != os.getuid():
+        return False
+    if stat.S_ISSOCK(info.st_mode):
+        kind = socket.SOCK_DGRAM if path.suffix == ".bell" else socket.SOCK_STREAM
+        with socket.socket(socket.AF_UNIX, kind) as probe:
+            try:
+                probe.connect(str(path))
+            except ConnectionRefusedError:
+                return True
+            except OSError:
+                return False
+        return False
+    name = path.name.split(".")[0]
+    if name.startswith("local-") and name[len("local-"):].isdigit():
+        pid = int(name[len("local-"):])
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+    return False
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _leave_the_temp_folder_as_found():
+    """What the session's workers left in the suite's private folders goes when it ends: sockets nobody listens on,
+    files of local workers whose process is gone; then each folder the session made, once empty (a folder a live
+    worker of another session uses stays, and so does anything that was there before)."""
+    if os.name != "posix":
+        yield
+        return
+    before = {}
+    for folder in _suite_folders():
+        try:
+            before[folder] = set(os.listdir(folder))
+        except OSError:
+            before[folder] = None  # made by this session, if at all
+    yield
+    for folder, found in before.items():
+        try:
+            entries = [] if folder.is_symlink() else list(folder.iterdir())
+        except OSError:
+            continue
+        for entry in entries:
+            if (found is None or entry.name not in found) and _stale(entry):
+                entry.unlink(missing_ok=True)
+        if found is None:
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+
+
+@pytest.fixture
+def shared_folder():
+    """``shared_folder(sticky=True)``: a folder every local user may write to, as /tmp is (sticky) or as a careless
+    share is (not); removed after the test, with whatever another user put in it."""
+    made = []
+
+    def make(sticky=True):
+        folder = Path(tempfile.mkdtemp(prefix="sgb-shared-", dir="/tmp"))
+        made.append(folder)
+        folder.chmod(0o1777 if sticky else 0o777)
+        return folder
+
+    yield make
+    for folder in made:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 # ---------------------------------------------------------------- a second local user, for attacks
 
-OTHER_USER = "sgb-attacker"
+OTHER_USER = "sgb-attacker"  # used where it exists already (provisioned for the tests); else one is made
 
 
 class OtherUser:
@@ -235,19 +333,42 @@ class OtherUser:
         return subprocess.run(argv, user=self.uid, group=self.gid, extra_groups=[], capture_output=True, text=True,
                               env={"PATH": "/usr/bin:/bin", "HOME": "/"}, timeout=60, check=check, cwd="/", **kwargs)
 
+    def popen(self, argv, **kwargs):
+        """A process of this user, running on (the caller ends it)."""
+        return subprocess.Popen(argv, user=self.uid, group=self.gid, extra_groups=[], text=True,
+                                env={"PATH": "/usr/bin:/bin", "HOME": "/"}, cwd="/", **kwargs)
+
     def sh(self, script, check=True):
         return self.run(["sh", "-c", script], check=check)
+
+    def end_processes(self):
+        """End this user's processes (the tests started them all: the user was made for them)."""
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    if entry.stat().st_uid == self.uid:
+                        os.kill(int(entry.name), signal.SIGKILL)
+                except OSError:
+                    pass
 
 
 @pytest.fixture(scope="session")
 def other_user():
-    """A second local user (made when the tests run as root; skipped otherwise, with the reason)."""
+    """A second local user (made when the tests run as root, and removed when the session ends, whatever happened;
+    skipped otherwise, with the reason)."""
     if os.name != "posix" or os.geteuid() != 0:
         pytest.skip("needs root: the attack needs a second local user, which only root can create here")
     try:
-        entry = pwd.getpwnam(OTHER_USER)
+        yield OtherUser(pwd.getpwnam(OTHER_USER))  # provisioned: used, and left as it was
+        return
     except KeyError:
-        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", OTHER_USER],
-                       check=True, capture_output=True)
-        entry = pwd.getpwnam(OTHER_USER)
-    return OtherUser(entry)
+        pass
+    name = f"sgb-atk-{os.getpid()}"  # this session's own: another session's is never removed under it
+    subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
+                   check=True, capture_output=True)
+    user = OtherUser(pwd.getpwnam(name))
+    try:
+        yield user
+    finally:
+        user.end_processes()
+        subprocess.run(["userdel", name], capture_output=True)

@@ -616,6 +616,65 @@ def test_decoder_rejects_array_and_blob_indexes_out_of_range(index):
     assert bytes(decoder.decode({"__blob__": 0})) == b"blob"
 
 
+@pytest.mark.parametrize("nbytes", [0, 1000, 4096, 4097, 3 * 4096 + 5])
+def test_values_longer_than_a_frame_travel_as_several_under_one_digest(nbytes):
+    """A worker on TCP takes frames of at most max_frame_bytes: longer arrays and blobs go as several frames, which
+    the header lists under one digest of them all (then None), checked whole and joined back in order."""
+    rng = np.random.default_rng(nbytes)
+    arr, blob = rng.integers(0, 255, nbytes, dtype=np.uint8), rng.integers(0, 255, nbytes, np.uint8).tobytes()
+    encoder = Encoder(max_frame=4096, inline_max=0)
+    header = {"op": "echo", "payload": encoder.encode({"args": [arr]}), "state": encoder.blob(blob),
+              "arrays": encoder.arrays, "id": new_id()}
+    assert all(memoryview(b).nbytes <= 4096 for b in encoder.buffers)
+    client, worker = _pair()
+    frames = client.pack(header, encoder.buffers, encoder.digests)
+    received, buffers = worker.unpack(frames)
+    runs = max(1, -(-nbytes // 4096))
+    assert received["digests"].count(None) == 2 * (runs - 1)
+    decoder = Decoder(received, buffers)
+    np.testing.assert_array_equal(decoder.decode(received["payload"])["args"][0], arr)
+    assert bytes(decoder.decode(received["state"])) == blob
+    if runs > 1:  # one byte changed in the last frame of a run: the run's digest no longer matches
+        changed = [bytes(f) for f in frames]
+        changed[1 + runs] = bytes([changed[1 + runs][0] ^ 1]) + changed[1 + runs][1:]
+        with pytest.raises(ProtocolError, match="digest"):
+            Session(KEY, me=WORKER).unpack(changed)
+
+
+def test_bytes_in_a_header_stay_within_a_quarter_of_a_frame():
+    """The header is one frame: arrays inline past a quarter of the receiver's largest frame go as frames."""
+    encoder = Encoder(max_frame=1 << 20)
+    encoder.encode([np.ones(8192) for _ in range(8)])  # 64 KiB each: inline alone
+    assert [a["where"] for a in encoder.arrays].count("inline") == 4
+    assert sum(len(a.get("data", b"")) for a in encoder.arrays) <= (1 << 20) // 4
+
+
+@pytest.mark.parametrize("index, buffers", [
+    ([0] * 256, [bytes(4096)] + [b""] * 255),
+    ([0, 1, 0], [bytes(4096)] * 3),
+    ([1, 0], [bytes(4096), bytes(4096)]),
+], ids=["one-frame-256-times", "one-frame-twice", "frames-of-another-size"])
+def test_a_frame_list_is_checked_before_anything_is_joined(index, buffers, monkeypatch):
+    """Sizes are checked, and a frame named twice refused, before a byte is joined: a list naming one frame 256
+    times would otherwise be joined 256 times over."""
+    joins = []
+    monkeypatch.setattr("sklearn_gpu_bridge.protocol.arrays._join", lambda *args: joins.append(args))
+    desc = {"dtype": "|u1", "shape": [len(index) * 4096 if len(set(index)) < len(index) else 4096 * 3],
+            "order": "C", "where": "frame", "index": index}
+    with pytest.raises(ProtocolError, match="named twice|does not match"):
+        Decoder({"arrays": [desc]}, buffers).decode([{"__array__": 0}])
+    assert joins == []
+
+
+def test_a_frame_is_taken_by_one_value_only():
+    """Two arrays, or an array and a blob, naming one frame: refused (each frame is one value's)."""
+    desc = {"dtype": "|u1", "shape": [16], "order": "C", "where": "frame", "index": 0}
+    with pytest.raises(ProtocolError, match="named twice"):
+        Decoder({"arrays": [desc, desc]}, [bytes(16)]).decode([{"__array__": 0}, {"__array__": 1}])
+    with pytest.raises(ProtocolError, match="named twice"):
+        Decoder({"arrays": [desc]}, [bytes(16)]).decode([{"__array__": 0}, {"__blob__": 0}])
+
+
 def test_decoder_rejects_arrays_that_are_not_a_list():
     with pytest.raises(ProtocolError):
         Decoder({"arrays": {"0": _desc()}}, [])

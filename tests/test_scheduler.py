@@ -197,3 +197,25 @@ def test_while_every_other_thread_is_busy_the_reader_keeps_reading_and_the_reque
         recorder.let_go("c")
     finally:
         reader.stop()
+
+
+def test_a_held_back_client_waits_while_the_others_run():
+    """``may_start``: a client the worker holds back (its replies unread) has its requests wait; others' run, and
+    its own start once it may, without any new request to wake a thread."""
+    recorder = Recorder()
+    held = {"a"}
+    queue = FairQueue(recorder, threads=2, may_start=lambda client: client not in held)
+    try:
+        queue.submit("a", ("a1", 1))
+        queue.submit("b", ("b1", 1))
+        _wait_started(recorder, 1)
+        assert recorder.together[-1] == {"b1"}
+        time.sleep(0.3)
+        assert "a1" not in recorder.running and queue.waiting() == 1
+        held.clear()  # its replies were read
+        _wait_started(recorder, 1)
+        assert "a1" in recorder.running
+        for name in ("a1", "b1"):
+            recorder.let_go(name)
+    finally:
+        queue.close()

@@ -514,3 +514,27 @@ def _status_of_curve(process):
         return connection.status()
     finally:
         connection.close()
+
+
+def test_on_tcp_frames_are_of_a_mebibyte_and_clients_split_what_is_longer(tmp_path):
+    """A TCP worker takes frames of at most 1 MiB (what a peer without the key may make it buffer in a handshake):
+    an honest client sends longer arrays and fitted state as several frames, and gets the same answers; a header
+    that cannot fit one frame is refused before it is sent, with the reason."""
+    process = WorkerProcess(tmp_path, bind="127.0.0.1")
+    connection = connect(process.info, pool="off", array_cache="off")
+    try:
+        assert connection.capabilities.max_frame_bytes == 1 << 20
+        X = np.random.default_rng(0).standard_normal((40_000, 60))  # 19 MB: 19 frames
+        (back,) = connection.echo(X)
+        np.testing.assert_array_equal(back, X)
+        state = cloudpickle.dumps(StandardScaler().fit(X[:, :3]))
+        big_state = state + bytes(3 << 20)  # a fitted state of 3 MB (cloudpickle stops at its own end)
+        handle = connection.set_state("StandardScaler", "portable", big_state)
+        assert_same(connection.call(handle, "transform", [X[:5, :3]], {}), StandardScaler().fit(X[:, :3]).transform(
+            X[:5, :3]))
+        with pytest.raises(ProtocolError, match="longer than the worker's largest frame"):
+            connection.transport.roundtrip({"op": "ping", "padding": "x" * (2 << 20)})
+        assert connection.status()["refused"] == {}
+    finally:
+        connection.close()
+        process.stop()

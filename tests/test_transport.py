@@ -19,6 +19,7 @@ def fake_worker_file(tmp_path):
     path = tmp_path / "worker.json"
     path.write_text(json.dumps({"address": "tcp://127.0.0.1:5555", "key": "ab" * 32, "protocol_version": 1,
                                 "pid": 4242, "backend": "cuml"}))
+    path.chmod(0o600)  # as a worker writes it: a file others may read is not read
     return path
 
 

@@ -19,7 +19,6 @@ import socket
 import stat
 import subprocess
 import sys
-import tempfile
 import textwrap
 import threading
 import time
@@ -36,7 +35,7 @@ from sklearn_gpu_bridge.client import connect
 from sklearn_gpu_bridge.errors import ConfigurationError
 from sklearn_gpu_bridge.protocol import PROTOCOL_VERSION, Session, new_id
 from sklearn_gpu_bridge.runtime.connection_file import read_connection_file, read_key_file
-from sklearn_gpu_bridge.runtime.keys import PLAIN_USER
+from sklearn_gpu_bridge.runtime.keys import PLAIN_USER, secure
 from sklearn_gpu_bridge.runtime.private_files import pid_alive
 from sklearn_gpu_bridge.shm import default_directory
 
@@ -51,13 +50,6 @@ def _rss_mb(pid):
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return float("nan")
-
-
-def _shared_folder(sticky):
-    """A folder every local user may write to, as /tmp is (sticky) or as a careless share is (not)."""
-    folder = Path(tempfile.mkdtemp(prefix="sgb-shared-"))
-    folder.chmod(0o1777 if sticky else 0o777)
-    return folder
 
 
 def _client_env(**extra):
@@ -86,9 +78,9 @@ def _run_local_client(tmpdir):
                           env=_client_env(TMPDIR=str(tmpdir)), cwd=tmpdir)
 
 
-def test_another_user_cannot_plant_code_in_the_local_workers_folder(other_user):
+def test_another_user_cannot_plant_code_in_the_local_workers_folder(other_user, shared_folder):
     """The old worker ran `python -m` in /tmp/sklearn-gpu-bridge-<user>, whoever had made it: a planted package ran."""
-    tmp = _shared_folder(sticky=True)
+    tmp = shared_folder(sticky=True)
     marker = tmp / "PLANTED-CODE-RAN"
     planted = "open('%s', 'w').close()" % marker
     for name in (os.getuid(), getpass.getuser()):  # the folder by uid (now) and by user name (before)
@@ -102,8 +94,8 @@ def test_another_user_cannot_plant_code_in_the_local_workers_folder(other_user):
     assert not marker.exists()
 
 
-def test_a_link_in_place_of_the_local_workers_folder_is_refused(other_user):
-    tmp = _shared_folder(sticky=True)
+def test_a_link_in_place_of_the_local_workers_folder_is_refused(other_user, shared_folder):
+    tmp = shared_folder(sticky=True)
     folder = tmp / f"sklearn-gpu-bridge-{os.getuid()}"
     other_user.sh(f"mkdir -m 777 {tmp}/theirs && ln -s {tmp}/theirs {folder}")
     run = _run_local_client(tmp)
@@ -111,9 +103,9 @@ def test_a_link_in_place_of_the_local_workers_folder_is_refused(other_user):
     assert os.listdir(tmp / "theirs") == []  # nothing of ours was written into their folder
 
 
-def test_a_log_file_link_planted_by_another_user_is_not_followed(other_user, tmp_path):
+def test_a_log_file_link_planted_by_another_user_is_not_followed(other_user, tmp_path, shared_folder):
     """`start --log-file` in a shared folder: a link planted there must not make the worker append to our files."""
-    shared = _shared_folder(sticky=False)
+    shared = shared_folder(sticky=False)
     victim = tmp_path / "victim.txt"
     victim.write_text("precious\n")
     other_user.sh(f"ln -s {victim} {shared}/worker.log")
@@ -125,13 +117,13 @@ def test_a_log_file_link_planted_by_another_user_is_not_followed(other_user, tmp
     assert not (tmp_path / "w.json").exists()
 
 
-def test_stop_never_removes_another_users_socket(other_user, tmp_path):
+def test_stop_never_removes_another_users_socket(other_user, tmp_path, shared_folder):
     """``stop`` tidies the socket a killed worker left, but only a socket of this user: one planted by another
     user at the address our connection file names stays (as root, an unchecked unlink would remove it)."""
     from sklearn_gpu_bridge.manage import service
     from sklearn_gpu_bridge.runtime.connection_file import ConnectionInfo, new_key, write_connection_file
 
-    shared = _shared_folder(sticky=True)
+    shared = shared_folder(sticky=True)
     theirs = shared / "worker.sock"
     other_user.run([other_user.python, "-c", f"import socket; socket.socket(socket.AF_UNIX).bind({str(theirs)!r})"])
     assert stat.S_ISSOCK(theirs.lstat().st_mode) and theirs.lstat().st_uid == other_user.uid
@@ -152,9 +144,9 @@ def _foreign_connection_file(other_user, folder, data):
     return path
 
 
-def test_a_connection_file_another_user_wrote_is_refused(other_user, worker):
+def test_a_connection_file_another_user_wrote_is_refused(other_user, worker, shared_folder):
     """A rogue file (their worker, their key) where a client looks: refused before anything is sent or unpickled."""
-    shared = _shared_folder(sticky=True)
+    shared = shared_folder(sticky=True)
     data = json.loads(worker.connection_file.read_text())
     path = _foreign_connection_file(other_user, shared, data)
     assert os.stat(path).st_uid == other_user.uid and stat.S_IMODE(os.stat(path).st_mode) == 0o600
@@ -168,8 +160,8 @@ def test_a_connection_file_another_user_wrote_is_refused(other_user, worker):
 
 
 @pytest.mark.parametrize("how", ["readable-by-others", "in-a-folder-others-write"])
-def test_a_connection_file_others_may_read_or_replace_is_refused(worker, how):
-    folder = _shared_folder(sticky=False) if how == "in-a-folder-others-write" else Path(tempfile.mkdtemp())
+def test_a_connection_file_others_may_read_or_replace_is_refused(worker, how, shared_folder, tmp_path):
+    folder = shared_folder(sticky=False) if how == "in-a-folder-others-write" else tmp_path
     path = folder / "worker.json"
     path.write_text(worker.connection_file.read_text())
     path.chmod(0o644 if how == "readable-by-others" else 0o600)
@@ -187,7 +179,7 @@ def test_a_key_file_others_may_read_or_own_is_refused(tmp_path, how, request):
         expected = "chmod 600"
     elif how == "another-user":
         other = request.getfixturevalue("other_user")
-        shared = _shared_folder(sticky=True)
+        shared = request.getfixturevalue("shared_folder")(sticky=True)
         path = shared / "key"
         other.sh(f"umask 077 && echo {key} > {path}")
         expected = "another user"
@@ -226,6 +218,111 @@ def test_another_user_cannot_connect_to_the_workers_socket(other_user, worker):
              "try:\n    s.connect(sys.argv[1]); print('CONNECTED')\nexcept OSError as e:\n    print('REFUSED', e.errno)")
     run = other_user.run([other_user.python, "-c", probe, path])
     assert run.stdout.startswith("REFUSED"), run
+
+
+_HER_PROGRAM = "#!/bin/sh\ntouch {marker}\n"
+
+
+@pytest.mark.parametrize("command", ["doctor", "stop"])
+def test_a_state_file_another_user_planted_beside_ours_is_never_read(other_user, shared_folder, command):
+    """Our connection file in a shared folder (/tmp, where clients accept one); another user plants the state file
+    beside it (hers, 0644). It named her program as the worker's Python (`doctor` ran it as us) and as `wsl.exe`,
+    and a pid of ours to signal (`stop` ran her program and sent SIGTERM to that pid). Now it is never read."""
+    from sklearn_gpu_bridge.manage import doctor, service
+    from sklearn_gpu_bridge.runtime.connection_file import ConnectionInfo, new_key, write_connection_file
+
+    shared = shared_folder(sticky=True)
+    marker, program = shared / "HER-PROGRAM-RAN-AS-US", shared / "her-program"
+    other_user.sh(f"printf '{_HER_PROGRAM.format(marker=marker)}' > {program} && chmod 755 {program}")
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # the connection file names a worker that is no more: stop falls back to signals
+    connection_file = shared / "X.json"
+    write_connection_file(connection_file, ConnectionInfo(
+        address=f"ipc://{shared}/nobody.sock", key=new_key(), protocol_version=PROTOCOL_VERSION, pid=gone.pid,
+        backend="sklearn", worker_id=new_id()))
+    ours = subprocess.Popen(["sleep", "120"])  # a process of ours she would have stop signal
+    state = {"pid": ours.pid, "argv": [str(program), "-m", "sklearn_gpu_bridge.worker"], "log_file": None}
+    if command == "stop":
+        state["wsl"] = {"distro": "Ubuntu", "wsl_exe": str(program), "python": "python3"}
+    other_user.sh(f"umask 022 && echo '{json.dumps(state)}' > {shared}/X.service.json")
+    planted = shared / "X.service.json"
+    assert planted.stat().st_uid == other_user.uid and stat.S_IMODE(planted.stat().st_mode) == 0o644
+    try:
+        if command == "doctor":
+            doctor.run(connection_file=connection_file, measure=False, quick=True)
+        else:
+            result = service.stop(connection_file=connection_file, timeout=1.0)
+        assert not marker.exists(), f"{command} ran her program as this user"
+        assert ours.poll() is None, f"{command} signalled the pid she chose"
+        if command == "stop":
+            assert str(planted) not in result["removed"] and planted.exists()  # hers: not ours to remove
+    finally:
+        ours.kill()
+        ours.wait()
+
+
+def _wait_for(path, process, seconds=120):
+    assert wait_until(lambda: path.exists() or process.poll() is not None, seconds), f"no {path} in {seconds} s"
+    assert path.exists(), process.communicate()
+
+
+def _mode(path):
+    return stat.S_IMODE(os.lstat(path).st_mode)
+
+
+def test_folders_and_files_are_the_users_alone_whatever_the_umask(tmp_path):
+    """Under `umask 000`: `worker --connection-file ~/sgb/worker.json` made ~/sgb 0777, and `start` its folders
+    (~/.local and ~/.local/share too) 0777, where another user could then replace the connection file. Now every
+    folder is made 0700 and every file 0600, whatever the umask."""
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    env = _client_env(HOME=str(home))
+    umask = ["sh", "-c", 'umask 000 && exec "$@"', "sh", sys.executable, "-m"]
+    worker = subprocess.Popen([*umask, "sklearn_gpu_bridge.worker", "--backend", "sklearn", "--connection-file",
+                               str(home / "sgb" / "worker.json")], env=env, cwd=home,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(home / "sgb" / "worker.json", worker)
+        assert _mode(home / "sgb") == 0o700 and _mode(home / "sgb" / "worker.json") == 0o600
+    finally:
+        worker.terminate()
+        worker.wait(30)
+    default = home / ".local" / "share" / "sklearn-gpu-bridge"
+    other = home / "elsewhere" / "deeper"
+    try:
+        for options in ([], ["--connection-file", str(other / "w.json")]):
+            started = time.monotonic()
+            run = subprocess.run([*umask, "sklearn_gpu_bridge", "start", "--backend", "sklearn", "--startup-timeout",
+                                  "60", *options], env=env, cwd=home, capture_output=True, text=True, timeout=180)
+            assert run.returncode == 0, run  # it used to wait the whole start-up timeout in a folder it made 0777
+            record("start_under_umask_000", folder="default" if not options else "chosen",
+                   seconds=round(time.monotonic() - started, 1))
+        for folder in (home / ".local", home / ".local" / "share", default, home / "elsewhere", other):
+            assert _mode(folder) == 0o700, folder
+        for file in (default / "worker.json", default / "worker.service.json", default / "worker.log",
+                     other / "w.json", other / "w.service.json", other / "w.log"):
+            assert _mode(file) == 0o600, file
+    finally:
+        for options in ([], ["--connection-file", str(other / "w.json")]):
+            subprocess.run([sys.executable, "-m", "sklearn_gpu_bridge", "stop", *options], env=env, cwd=home,
+                           capture_output=True, timeout=120)
+
+
+@pytest.mark.parametrize("command", ["start", "worker"])
+def test_a_folder_others_may_write_is_refused_at_once_with_the_reason(shared_folder, command):
+    """A connection file's folder that other users may write (no sticky bit): they could replace what is written
+    there. `start` waited the whole start-up timeout there (its own client refused the file); both refuse it at
+    once now, saying why and how to fix it."""
+    shared = shared_folder(sticky=False)
+    argv = {"start": ["sklearn_gpu_bridge", "start", "--startup-timeout", "60"],
+            "worker": ["sklearn_gpu_bridge.worker"]}[command]
+    started = time.monotonic()
+    run = subprocess.run([sys.executable, "-m", *argv, "--backend", "sklearn", "--connection-file",
+                          str(shared / "w.json")], capture_output=True, text=True, timeout=90, env=_client_env(),
+                         cwd=shared)
+    seconds = time.monotonic() - started
+    assert run.returncode != 0 and "other users may write" in run.stderr and f"chmod go-w {shared}" in run.stderr, run
+    assert seconds < 30 and not (shared / "w.json").exists(), seconds
 
 
 # ================================================================ a peer without the key
@@ -335,6 +432,171 @@ def test_a_peer_without_the_key_cannot_stall_or_bloat_the_worker(tcp_worker, kin
     assert status["requests"].get("unknown", 0) == 0 and status["pid"] == tcp_worker.pid
     if kind in ("million-frames", "256MB-messages"):  # the wrong password got as far as the ZAP handler
         assert status["refused"].get("handshake", 0) > refused_before
+
+
+def _greeting(mechanism, as_server=False):
+    """A ZMTP 3.0 greeting: signature, version, mechanism (20 bytes), as-server, filler."""
+    return b"\xff" + bytes(8) + b"\x7f" + bytes([3, 0]) + mechanism.ljust(20, b"\0") + bytes([as_server]) + bytes(31)
+
+
+def _hold_a_handshake_frame(address, mechanism, declared, send, hold):
+    """What a peer without the key can do to a worker's TCP port: the greeting, then a handshake command frame
+    declared ``declared`` bytes long, then ``send`` bytes of it; the connection held ``hold`` seconds. The bytes
+    the worker took before it closed the connection."""
+    host, port = address[len("tcp://"):].rsplit(":", 1)
+    sent = 0
+    with socket.create_connection((host, int(port)), timeout=10) as peer:
+        try:
+            peer.sendall(_greeting(mechanism) + b"\x06" + declared.to_bytes(8, "big") + b"\x05HELLO")
+            chunk = bytes(1 << 20)
+            while sent < send:
+                sent += peer.send(chunk[: send - sent])
+        except OSError:  # closed by the worker
+            pass
+        time.sleep(hold)
+    return sent
+
+
+@pytest.fixture(scope="module")
+def curve_tcp_worker(tmp_path_factory):
+    """A worker with CurveZMQ keys on loopback TCP: the gate a network peer meets, reached here from loopback."""
+    from sklearn_gpu_bridge.runtime.keys import make_pair
+
+    folder = tmp_path_factory.mktemp("curve-tcp")
+    _, secret = make_pair(folder / "keys")
+    process = WorkerProcess(folder, bind="127.0.0.1", curve_secret_key=secret)
+    yield process
+    process.stop()
+
+
+@pytest.mark.parametrize("flood", ["4x1GiB-declared", "128x1MiB-just-under"])
+@pytest.mark.parametrize("gate", ["plain", "curve"])
+def test_a_peer_without_the_key_can_make_the_worker_hold_only_a_few_mebibytes(tcp_worker, curve_tcp_worker, gate,
+                                                                                flood):
+    """Before any authentication ZeroMQ buffers a handshake frame whole, up to the socket's largest frame: four
+    connections declaring 1 GiB took the worker from 144 to 2,567 MiB (CurveZMQ: 2,646). Now a frame on TCP is at
+    most 1 MiB (a longer one closes the connection as its size is read), at most 32 connections may be in their
+    handshake at once (the oldest beyond go), and one that sends more than a handshake does goes at once."""
+    process = tcp_worker if gate == "plain" else curve_tcp_worker
+    # the frame is never finished (a finished HELLO is read, found wrong, and its connection closed)
+    count, declared, send = (4, 1 << 30, 256 << 20) if flood.startswith("4x") else (128, (1 << 20) - 64, 1000 << 10)
+    rss_before = peak = _rss_mb(process.pid)
+    threads = [threading.Thread(target=_hold_a_handshake_frame,
+                                args=(process.info.address, gate.upper().encode(), declared, send, 2.0))
+               for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    while any(thread.is_alive() for thread in threads):
+        peak = max(peak, _rss_mb(process.pid))
+        time.sleep(0.02)
+    for thread in threads:
+        thread.join()
+    connection = connect(process.info, pool="off", array_cache="off")
+    try:
+        np.testing.assert_array_equal(connection.echo(np.arange(4.0))[0], np.arange(4.0))  # honest clients: served
+        refused = connection.status()["refused"]
+    finally:
+        connection.close()
+    record("handshake_flood", gate=gate, flood=flood, rss_before_mb=round(rss_before, 1), rss_peak_mb=round(peak, 1),
+           closed=refused)
+    assert peak - rss_before < 48, (rss_before, peak)
+
+
+_SQUATTER = textwrap.dedent("""
+    import json, socket, sys
+    # another user takes the port of a worker that stopped, and listens as a PLAIN server would
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind(("127.0.0.1", int(sys.argv[1])))
+    server.listen(4)
+    server.settimeout(60)
+    print("LISTENING", flush=True)
+    conn, _ = server.accept()
+    conn.settimeout(30)
+    def take(n):
+        got = b""
+        while len(got) < n:
+            more = conn.recv(n - len(got))
+            if not more:
+                raise SystemExit("closed")
+            got += more
+        return got
+    conn.sendall(bytes.fromhex(sys.argv[2]))  # a PLAIN server's greeting
+    take(64)
+    flags = take(1)[0]
+    body = take(int.from_bytes(take(8 if flags & 2 else 1), "big"))  # HELLO: name, user, password
+    user_at = 1 + body[0]
+    user = body[user_at + 1 : user_at + 1 + body[user_at]]
+    password_at = user_at + 1 + len(user)
+    password = body[password_at + 1 : password_at + 1 + body[password_at]]
+    print(json.dumps({"user": user.hex(), "password": password.hex()}), flush=True)
+""")
+
+_REPLAYER = textwrap.dedent("""
+    import socket, sys
+    # the same user offers the captured credentials to the worker run that took the port back
+    conn = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=10)
+    conn.sendall(bytes.fromhex(sys.argv[2]))  # a PLAIN client's greeting
+    user, password = bytes.fromhex(sys.argv[3]), bytes.fromhex(sys.argv[4])
+    body = b"\\x05HELLO" + bytes([len(user)]) + user + bytes([len(password)]) + password
+    conn.sendall(b"\\x04" + bytes([len(body)]) + body)
+    answer = b""
+    try:
+        while len(answer) < 64 + 10:
+            more = conn.recv(256)
+            if not more:
+                break
+            answer += more
+    except OSError:
+        pass
+    print("WELCOME" if b"WELCOME" in answer[64:] else "REFUSED", flush=True)
+""")
+
+
+def test_a_plain_password_a_port_squatter_captured_opens_no_later_run(other_user, tmp_path):
+    """A worker on a fixed TCP port stops; another user binds the port, and a client of the worker (ZeroMQ connects
+    again by itself) sends her its PLAIN password. Once the worker runs again with the same --key-file, the
+    captured password opened its handshake. Now the password is derived per worker run: hers opens nothing."""
+    if other_user.python is None:
+        pytest.skip("no Python the other user may run")
+    key = tmp_path / "key"
+    key.write_text(os.urandom(32).hex())
+    key.chmod(0o600)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    first = WorkerProcess(tmp_path / "first", bind="127.0.0.1", port=port, key_file=key)
+    victim_info = first.info
+    first.stop()
+    squatter = other_user.popen([other_user.python, "-c", _SQUATTER, str(port), _greeting(b"PLAIN", True).hex()],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert squatter.stdout.readline().strip() == "LISTENING", squatter.stderr.read()
+        context = zmq.Context()  # the victim's client of the first run, as its connection file said
+        sock = secure(context.socket(zmq.DEALER), victim_info)
+        sock.linger = 0
+        sock.connect(victim_info.address)
+        sock.send_multipart(Session(victim_info.key_bytes, peer=victim_info.worker_id).pack(
+            {"op": "ping", "id": new_id(), "client": "victim"}))
+        captured = json.loads(squatter.stdout.readline())
+        sock.close(linger=0)
+        context.term()
+        assert bytes.fromhex(captured["user"]) == PLAIN_USER  # she has what the victim's client sent
+    finally:
+        squatter.kill()
+        squatter.wait()
+    second = WorkerProcess(tmp_path / "second", bind="127.0.0.1", port=port, key_file=key)
+    try:
+        assert second.info.key == victim_info.key and second.info.address == victim_info.address
+        replay = other_user.run([other_user.python, "-c", _REPLAYER, str(port), _greeting(b"PLAIN").hex(),
+                                 captured["user"], captured["password"]])
+        checker = connect(second.info, pool="off")
+        refused = checker.status()["refused"]
+        checker.close()
+    finally:
+        second.stop()
+    assert replay.stdout.strip() == "REFUSED", replay
+    assert refused.get("handshake", 0) >= 1
 
 
 # ================================================================ a hostile client with the key
@@ -614,6 +876,147 @@ def test_a_client_that_never_reads_its_replies_cannot_bloat_the_worker(tmp_path,
     assert rss_after - rss_before < 300  # 600 MiB of replies were asked for
 
 
+def _state_of_size(hostile, nbytes):
+    """A handle of ``hostile``'s whose fitted state is about ``nbytes`` (a NearestNeighbors keeps its X)."""
+    X = np.random.default_rng(0).standard_normal((nbytes // 64, 8))
+    desc = {"dtype": "<f8", "shape": list(X.shape), "order": "C", "where": "frame", "index": 0}
+    reply, _ = hostile.ask("fit", [X], estimator="NearestNeighbors", method="fit", params={"algorithm": "brute"},
+                           arrays=[desc], payload={"args": [{"__array__": 0}], "kwargs": {}})
+    assert reply["op"] == "reply", reply
+    return reply["payload"]["handle"]
+
+
+def test_a_client_that_reads_no_replies_cannot_make_the_worker_hold_them(tmp_path, worker):
+    """40 `get_state` requests over 4 sockets that never read (a few kilobytes sent) made the worker hold every
+    reply, 2.1-2.5 GiB: the limit on replies waiting counted messages (16 per socket), not bytes. Now a client's
+    next request waits while the worker holds 64 MiB of its replies unread; other clients are served."""
+    process = WorkerProcess(tmp_path, threads=2)
+    hostile = KeyHolder(process)
+    context = zmq.Context()
+    honest = None
+    try:
+        handle = _state_of_size(hostile, 24 << 20)
+        sockets = []
+        for _ in range(4):
+            sock = secure(context.socket(zmq.DEALER), process.info)
+            sock.rcvhwm, sock.rcvbuf, sock.linger = 1, 4096, 0  # takes a reply, then reads no more
+            sock.connect(process.info.address)
+            sockets.append(sock)
+        rss_before = peak = _rss_mb(process.pid)
+        for sock in sockets:
+            for _ in range(10):
+                sock.send_multipart(hostile.session.pack(hostile.header("get_state", handle=handle)))
+        honest = connect(process.info, pool="off")
+        settled, last = time.monotonic(), None
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and time.monotonic() - settled < 2.0:  # until nothing more moves
+            status = honest.status()
+            now = (status["running"], status["queued"], status["requests"].get("get_state", 0))
+            if now != last:
+                settled, last = time.monotonic(), now
+            peak = max(peak, _rss_mb(process.pid))
+            time.sleep(0.1)
+        np.testing.assert_array_equal(honest.echo(np.arange(8.0))[0], np.arange(8.0))  # others are served
+    finally:
+        if honest is not None:
+            honest.close()
+        context.destroy(linger=0)
+        hostile.close()
+        process.stop()
+    record("unread_replies", requests=40, reply_mb=24, rss_before_mb=round(rss_before, 1), rss_peak_mb=round(peak, 1),
+           still_queued=last[1])
+    assert peak - rss_before < 250, (rss_before, peak)  # 40 replies of 24 MB: 960 MB
+
+
+def _budgeted_backend(budget):
+    """The CPU backend with a device-memory budget, as a cuML worker has one: admission by memory shows on CPU."""
+    from sklearn_gpu_bridge.worker.backends import SklearnBackend
+
+    backend = SklearnBackend()
+    backend.memory_budget = lambda: budget
+    return backend
+
+
+@CPU_ONLY
+def test_a_size_a_request_only_declares_holds_no_device_memory(tmp_path):
+    """A key holder's slow fit that declares an extra, unused array of 1 TiB held 4 TiB of the device-memory budget,
+    and an honest client's small fit waited for it to end (3.7 s instead of 0.01 s). Now admission charges each
+    array at most what the request carries for it."""
+    from sklearn_gpu_bridge.worker.server import Worker
+
+    process = Worker(_budgeted_backend(1 << 30), connection_file=str(tmp_path / "worker.json"), threads=2).start()
+    serving = threading.Thread(target=process.serve_forever, daemon=True)
+    serving.start()
+    hostile, honest = KeyHolder(process), KeyHolder(process)
+    checker = connect(process.info, pool="off")
+    try:
+        fields = _slow_fit_fields()
+        fields["arrays"].append({"dtype": "<f8", "shape": [1 << 37], "order": "C", "where": "inline", "data": b""})
+        slow = hostile.send("fit", **fields)
+        assert wait_until(lambda: checker.status()["running"] == 1, 30)
+        in_use = checker.status()["device_in_use"]
+        X = np.arange(12.0).reshape(4, 3)
+        reply, _ = honest.ask("fit", estimator="StandardScaler", method="fit", params={}, arrays=[
+            {"dtype": "<f8", "shape": [4, 3], "order": "C", "where": "inline", "data": X.tobytes()}],
+            payload={"args": [{"__array__": 0}], "kwargs": {}})
+        while (got := hostile.receive()) is not None and got[0].get("parent") != slow:
+            pass
+        assert got is not None
+    finally:
+        checker.close()
+        hostile.close()
+        honest.close()
+        process.close()
+        serving.join(timeout=10)
+    record("declared_sizes", device_in_use_while_the_slow_fit_ran=in_use,
+           honest_fit_done_before_the_slow_one_by_s=round(got[0]["worker_span"][1] - reply["worker_span"][1], 2))
+    assert in_use < 1 << 20, in_use  # the fit's X is 48 KB; what it declared beside is 1 TiB
+    assert reply["op"] == "reply" and reply["worker_span"][1] < got[0]["worker_span"][1]  # ran beside the slow fit
+
+
+@pytest.mark.parametrize("how", ["one-frame-named-256-times", "one-frame-in-two-arrays"])
+def test_a_frame_named_twice_is_refused_before_anything_is_joined(worker, hostile, how):
+    """One array naming the same 16 MiB frame 256 times made the worker join 4 GiB before it checked a size (a
+    3 GiB cgroup killed it). Now sizes are checked first, and a frame named twice is refused."""
+    frame = np.zeros(4 << 20, np.uint8)
+    if how == "one-frame-named-256-times":  # 255 empty frames beside it: the list is no longer than the message
+        buffers = [frame] + [b""] * 255
+        arrays = [{"dtype": "|u1", "shape": [256 * frame.size], "order": "C", "where": "frame", "index": [0] * 256}]
+    else:
+        buffers = [frame]
+        arrays = [{"dtype": "|u1", "shape": [frame.size], "order": "C", "where": "frame", "index": 0}] * 2
+    rss_before = _rss_mb(worker.pid)
+    reply, _ = hostile.ask("echo", buffers, arrays=arrays,
+                           payload={"args": [{"__array__": i} for i in range(len(arrays))], "kwargs": {}})
+    rss_after = _rss_mb(worker.pid)
+    assert reply["op"] == "error" and "named twice" in reply["message"], reply.get("message", reply["op"])
+    assert rss_after - rss_before < 64, (rss_before, rss_after)
+
+
+@CPU_ONLY
+def test_a_dead_client_the_worker_cannot_watch_has_its_queued_work_dropped(tmp_path, worker):
+    """A client without a shared pool (frames: Windows, another host) died with fits queued: none was cancelled,
+    they ran one after another (a client whose pid is watched has all cancelled in a second), since a client with
+    work queued counted as busy. Now it is freed once it is silent for client_timeout, its queue with it."""
+    with own_worker(tmp_path, worker, threads=1, client_timeout=2) as process:
+        dying = KeyHolder(process)
+        checker = connect(process.info, pool="off")  # alive: it pings while idle
+        try:
+            for _ in range(40):
+                dying.send("fit", **_slow_fit_fields())
+            assert wait_until(lambda: checker.status()["running"] == 1, 30)
+            dying.close()  # gone without a goodbye
+            died = time.monotonic()
+            emptied = wait_until(lambda: checker.status()["queued"] == 0, 30, step=0.2)
+            seconds = time.monotonic() - died
+            status = checker.status()
+        finally:
+            checker.close()
+    cancelled = status["requests"].get("cancelled", 0)
+    record("dead_frames_client_backlog", queued=40, cancelled=cancelled, seconds_to_empty=round(seconds, 1))
+    assert emptied and seconds < 10 and cancelled >= 20, (seconds, status)  # ran: what fits in 2 s and a sweep
+
+
 _FRAMES_CLIENT = textwrap.dedent("""
     import sys
     import numpy as np
@@ -644,3 +1047,44 @@ def test_a_dead_client_on_the_frames_transport_is_freed_within_its_timeout(fresh
     killed = time.monotonic()
     assert wait_until(lambda: connection.status()["handles"] == before, 60, step=0.2)
     record("dead_frames_client_freed", client_timeout=timeout, seconds=round(time.monotonic() - killed, 2))
+
+
+# ================================================================ the suite itself
+
+
+_A_FAILING_TEST = textwrap.dedent("""
+    import tests.conftest as suite
+
+    suite.OTHER_USER = "sgb-no-such-user"  # so that this session makes a user of its own, and must remove it
+
+
+    def test_fails_after_another_user_wrote_in_a_shared_folder(other_user, shared_folder):
+        folder = shared_folder(sticky=True)
+        other_user.sh(f"mkdir {folder}/theirs && touch {folder}/theirs/file")
+        other_user.popen(["sleep", "300"])  # a process of theirs still running at the end
+        assert False, "fails on purpose"
+""")
+
+
+def _users():
+    import pwd
+
+    return sorted(entry.pw_name for entry in pwd.getpwall())
+
+
+def _suite_entries():
+    return sorted(name for name in os.listdir("/tmp") if name.startswith(("sgb-", "sklearn-gpu-bridge-", "pytest-of-")))
+
+
+def test_a_session_leaves_no_user_and_no_folder_behind_even_when_its_test_fails(other_user, tmp_path):
+    """The suite left seven world-writable /tmp/sgb-shared-* folders and the user sgb-attacker behind. A session
+    that makes a user, has it write into a shared folder and run a process, and then fails, leaves neither."""
+    (tmp_path / "test_leaves_nothing.py").write_text(_A_FAILING_TEST)
+    users, entries = _users(), _suite_entries()
+    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "tests.conftest", "-p", "no:cacheprovider", "-q",
+                          f"--basetemp={tmp_path / 'basetemp'}", str(tmp_path / "test_leaves_nothing.py")],
+                         cwd=Path(__file__).parent.parent, capture_output=True, text=True, timeout=300,
+                         env=_client_env())
+    assert "1 failed" in run.stdout, run.stdout[-3000:]
+    assert _users() == users, set(_users()) ^ set(users)
+    assert _suite_entries() == entries, set(_suite_entries()) ^ set(entries)

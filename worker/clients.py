@@ -8,8 +8,15 @@ the pool's handshake area, and only a process that maps the pool can read it
 back (op ``attach``). That also proves the client's pid (the pool is open in
 that process), so its death is seen at once. Once a second the worker frees
 what a gone client left behind: a watched client when its process is gone,
-any other after ``client_timeout`` seconds without a message (the client
-pings while it is idle, to stay).
+any other after ``client_timeout`` seconds without a message or an answer
+(the client pings while it is idle, to stay). Work waiting in the queue does
+not keep a client: one that sent nothing for ``client_timeout`` seconds (a
+live client pings while it waits for a reply) has its queued work dropped,
+and is freed once its running request is answered.
+
+The worker also counts the bytes of each client's replies that ZeroMQ still
+holds (sent, not yet written to the client's connection): a client that does
+not read its replies gets no more work run until it does (:meth:`Clients.ready`).
 """
 
 import hmac
@@ -18,7 +25,7 @@ import os
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sklearn_gpu_bridge.errors import ProtocolError
 from sklearn_gpu_bridge.runtime.private_files import process_start
@@ -26,19 +33,23 @@ from sklearn_gpu_bridge.shm import PoolAttachment, PoolError
 
 log = logging.getLogger("sklearn_gpu_bridge.worker")
 CHALLENGE_SECONDS = 30.0  # a pool challenge not answered by then is dropped
+#: bytes of a client's replies the worker may hold unread before that client's next request waits
+UNREAD_REPLY_BYTES = 64 << 20
 
 
 @dataclass
 class ClientState:
     """What the worker knows of one client."""
 
-    last_seen: float
+    last_seen: float  # its last message, or the last answer to it
+    last_message: float  # its last message
     pid: int | None = None
     started: bytes | None = None  # the pid's start time, once the client proved its pid
     pool: str | None = None  # the name of the pool it attached
     challenge: tuple | None = None  # (attachment, nonce, pid, when) between hello and attach
     inflight: int = 0  # work requests submitted and not yet answered
     freed: bool = False  # its handles were freed (again later for results of requests then in flight)
+    replies: list = field(default_factory=list)  # (tracker, bytes) of its large replies ZeroMQ may still hold
 
 
 class Clients:
@@ -70,18 +81,32 @@ class Clients:
         with self._lock:
             state = self._states.get(client)
             if state is None:
-                state = self._states[client] = ClientState(time.monotonic())
-            state.last_seen = time.monotonic()
+                state = self._states[client] = ClientState(time.monotonic(), time.monotonic())
+            state.last_seen = state.last_message = time.monotonic()
             if working:
                 state.inflight += 1
             return state
 
     def answered(self, state):
-        """A work request of this client was answered: silence counts from now, not from the question."""
+        """A work request of this client was answered (or dropped): its silence counts from now, not from the
+        question (for its handles; its queued work goes after a silence of its own messages, :meth:`sweep`)."""
         if state is not None:
             with self._lock:
                 state.inflight -= 1
                 state.last_seen = time.monotonic()
+
+    def replied(self, state, tracker, nbytes):
+        """A reply of ``nbytes`` went to this client's connection; ``tracker`` is done once ZeroMQ let it go."""
+        if state is not None:
+            with self._lock:
+                state.replies.append((tracker, nbytes))
+
+    def ready(self, client):
+        """Whether ``client``'s next request may start: the worker holds less than :data:`UNREAD_REPLY_BYTES` of
+        its replies (a client that reads them never waits here)."""
+        with self._lock:
+            state = self._states.get(client)
+            return state is None or _unread(state) < UNREAD_REPLY_BYTES
 
     # ------------------------------------------------------------ pools
 
@@ -140,7 +165,8 @@ class Clients:
     # ------------------------------------------------------------ freeing
 
     def sweep(self):
-        """Free what clients that are gone left behind; forget clients that hold nothing."""
+        """Free what clients that are gone left behind; drop the queued work of those silent too long; forget
+        clients that hold nothing."""
         now = time.monotonic()
         owners = self.handles.owners()
         with self._lock:
@@ -149,11 +175,17 @@ class Clients:
             if state.started is not None:  # watched: freed when its process is gone, however long it is silent
                 if process_start(state.pid) != state.started:
                     self.free(client, state, "gone", f"its process {state.pid} is gone")
-            elif not owners.get(client) and state.pool is None and not (
+                continue
+            if (self.client_timeout and state.inflight and now - state.last_message > self.client_timeout
+                    and self.on_free is not None):
+                # work queued keeps no client: a live one pings while it waits; a dead one's queue never runs
+                self.on_free(client)
+            if not owners.get(client) and state.pool is None and not (
                     self.array_cache is not None and self.array_cache.holds_arrays_of(client)):
                 with self._lock:  # holds nothing (a challenge it never answered, at most): forget it
                     pending = state.challenge
-                    if state.inflight == 0 and (pending is None or now - pending[3] > CHALLENGE_SECONDS):
+                    if state.inflight == 0 and not _unread(state) and (
+                            pending is None or now - pending[3] > CHALLENGE_SECONDS):
                         self._states.pop(client, None)
                         state.challenge = None
                     else:
@@ -172,7 +204,7 @@ class Clients:
         name, state.pool = state.pool, None
         removed = self._detach(name, remove_files=reason == "gone") if name else 0
         with self._lock:
-            if state.inflight == 0:
+            if state.inflight == 0 and not _unread(state):  # else kept: its unread replies still count
                 self._states.pop(client, None)
         first, state.freed = not state.freed, True
         if reason != "goodbye" and (first or released or removed or cached):
@@ -209,3 +241,11 @@ class Clients:
     def close(self):
         for pool in self.pools.values():
             pool.close()
+
+
+def _unread(state):
+    """Bytes of ``state``'s replies that ZeroMQ still holds (under the lock); forgets those it let go."""
+    if not state.replies:
+        return 0
+    state.replies = [(tracker, nbytes) for tracker, nbytes in state.replies if not tracker.done]
+    return sum(nbytes for _, nbytes in state.replies)

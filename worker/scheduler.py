@@ -7,7 +7,9 @@ next request by more than the request already running. An idle thread that was b
 recently takes the next request: its core and caches are the warmest. A client may have only so many
 requests queued (more are refused at once), and when a client is freed (it
 said goodbye, died, or went silent) its queued requests are dropped: the
-work of a dead client never runs.
+work of a dead client never runs. A client may also be held back (``may_start``:
+the worker holds too many bytes of its replies, unread): its requests wait
+while the others' run.
 
 With a ``lead`` function (:meth:`FairQueue.lead_with`), one more thread is
 started and the threads take turns at it (leader/followers): one thread
@@ -27,6 +29,7 @@ from collections import deque
 log = logging.getLogger("sklearn_gpu_bridge.worker")
 FORGET_AFTER = 10_000  # clients remembered with no work waiting, at most
 LEAD = object()  # _next: this thread is to read requests
+RECHECK_SECONDS = 0.05  # while only held-back clients have work, idle threads look again this often
 
 
 class FairQueue:
@@ -37,10 +40,14 @@ class FairQueue:
     budget: one that does not fit waits until running ones finish (the first
     always runs, however large). Many clients then share one GPU without
     running it out of memory.
+
+    With ``may_start(client)``, a client's next request starts only while it says True (asked under the queue's
+    lock, and again every :data:`RECHECK_SECONDS` while work waits for held-back clients alone).
     """
 
-    def __init__(self, run, threads=1, max_queued=64, cost=None, budget=None, after=None):
+    def __init__(self, run, threads=1, max_queued=64, cost=None, budget=None, after=None, may_start=None):
         self.run = run
+        self.may_start = may_start
         self.after = after  # after(item): called on the thread that ran item, once it no longer counts as running
         self.max_queued = max_queued
         self.cost = cost if budget else None
@@ -136,15 +143,32 @@ class FairQueue:
                 if self._lead is not None and not self._leading:
                     self._leading = True
                     return LEAD
-                if self._queues:
-                    return self._take()
+                client = self._eligible()
+                if client is not None:
+                    return self._take(client)
                 self._idle.append(wake)
-                wake.wait()  # whoever notifies it has taken it off _idle
+                if not wake.wait(RECHECK_SECONDS if self._queues else None) and wake in self._idle:
+                    self._idle.remove(wake)  # timed out: no one took it off
             return None
 
-    def _take(self):
-        """The next request, of the client served least recently, once admitted (under the lock)."""
-        client = min(self._queues, key=self._served.__getitem__)
+    def _eligible(self):
+        """The client whose request runs next: served least recently among those ready (under the lock)."""
+        if not self._queues:
+            return None
+        if self.may_start is None:
+            return min(self._queues, key=self._served.__getitem__)
+        ready = [client for client in self._queues if self._may_start(client)]
+        return min(ready, key=self._served.__getitem__) if ready else None
+
+    def _may_start(self, client):
+        try:
+            return self.may_start(client)
+        except Exception:  # noqa: BLE001 - a bug must not stop a client's work for good
+            log.exception("could not tell whether a client's request may start")
+            return True
+
+    def _take(self, client):
+        """The next request of ``client``, once admitted (under the lock)."""
         queue = self._queues[client]
         item = queue.popleft()
         self._served[client] = next(self._ticks)  # its next request waits for the others' turns
@@ -171,10 +195,13 @@ class FairQueue:
                         self._ready.wait_for(lambda: self._closed)
                     if self._closed:
                         return None
-                    if self._queues and self._idle:
+                    client = self._eligible() if self._idle else None
+                    if client is not None:
                         self._leading = False
                         self._idle.pop().notify()  # it leads from now on; this thread runs the request
-                        return self._take()
+                        return self._take(client)
+                    if self._queues and self._idle:  # held back: an idle thread looks again now and then
+                        self._idle.pop().notify()
         finally:
             with self._ready:
                 if self._leading and self._closed:

@@ -17,8 +17,10 @@ also send requests and read replies through their own pool (:mod:`.fastpath`).
 
 What reaches the reading thread at all is decided first: a peer without the
 credentials of the address (:mod:`sklearn_gpu_bridge.runtime.keys`) is refused
-during ZeroMQ's handshake (:mod:`.gatekeeper`); a frame longer than
-``max_frame_mb`` closes the connection; a message of too many frames is
+during ZeroMQ's handshake (:mod:`.gatekeeper`); a frame longer than the
+socket's largest closes the connection (on TCP, where peers without the key
+connect, 1 MiB: what one handshake may make the worker hold, and a bounded
+number of handshakes are in flight at once); a message of too many frames is
 dropped as it is read. A message that fails its signature, or is malformed in
 any way, is dropped and counted; it never reaches pickle and never stops the
 loop.
@@ -41,10 +43,11 @@ import zmq
 from sklearn_gpu_bridge.config import WORKER_DEFAULTS
 from sklearn_gpu_bridge.errors import ConfigurationError, ProtocolError, VersionMismatch, describe
 from sklearn_gpu_bridge.protocol import PROTOCOL_VERSION, Capabilities, Session, new_id, to_plain
-from sklearn_gpu_bridge.protocol.session import Duplicate, StaleMessage, message_waits
+from sklearn_gpu_bridge.protocol.session import MAX_FRAMES, Duplicate, StaleMessage, message_waits
 from sklearn_gpu_bridge.runtime.connection_file import (
     ConnectionInfo,
     new_key,
+    prepare_folder_of,
     read_key_file,
     signing_key,
     write_connection_file,
@@ -59,7 +62,7 @@ from .caught_warnings import caught_warnings
 from .clients import Clients
 from .dispatch import WORK, Operations
 from .fastpath import FastPath, open_doorbell
-from .gatekeeper import DOMAIN, Gatekeeper
+from .gatekeeper import DOMAIN, Gatekeeper, Handshakes
 from .handles import HandleTable
 from .scheduler import FairQueue
 from .wire import FramesRequest, input_bytes, memory_note
@@ -69,9 +72,14 @@ log = logging.getLogger("sklearn_gpu_bridge.worker")
 #: device memory a request may need, as a multiple of its input: admission waits while it does not fit
 DEVICE_MEMORY_FACTOR = 4
 SWEEP_SECONDS = 1.0
-MAX_FRAMES = 1024  # frames in one message: a longer one is dropped as it is read
 HWM = 16  # messages queued per peer socket, each way (an honest client has one request in flight per socket)
 HANDSHAKE_SECONDS = 5  # a connection that has not authenticated by then is closed
+#: the largest frame on TCP, where peers without the key may connect: what ZeroMQ buffers of one handshake, at most
+#: (clients split longer arrays and blobs into frames of this size; max_frame_mb may only lower it)
+TCP_FRAME_BYTES = 1 << 20
+FRAME_ENVELOPE = 256  # bytes a frame may exceed max_frame_bytes by on the wire: CurveZMQ's box around a message
+HANDSHAKES = 32  # TCP connections in handshake at once, at most: beyond it the oldest are closed (gatekeeper)
+TRACK_REPLIES_FROM = 64 << 10  # bytes: a reply this large is followed until ZeroMQ lets it go (clients.ready)
 MAX_READ_IN_TURN = 64  # messages the reading thread reads before it looks at its clock (sweeps)
 MAX_WATCH_MS = 60_000.0  # a longer watch of a request slot is refused (see config.WORKER_DEFAULTS["watch_ms"])
 
@@ -163,18 +171,23 @@ class Worker(FastPath):
         self.worker_id = new_id()
         self.session = Session(bytes.fromhex(self.key), me=self.worker_id)
         self.max_frame_bytes = int(max_frame_mb * (1 << 20))
+        if bind != "ipc":  # peers without the key reach TCP: what a handshake may hold stays small
+            self.max_frame_bytes = min(self.max_frame_bytes, TCP_FRAME_BYTES)
+        if connection_file:  # refused now, before the backend warms up, if others may write where it goes
+            prepare_folder_of(connection_file)
         self.watch_ms = float(watch_ms)
         self.handles = HandleTable()
         self.operations = Operations(backend, self.handles)
         cache_bytes = int(array_cache_mb * (1 << 20))
         self.array_cache = ArrayCache(cache_bytes) if cache_bytes > 0 else None
-        self.queue = FairQueue(self._work, threads=threads, max_queued=max_queued,
-                               cost=lambda item: DEVICE_MEMORY_FACTOR * input_bytes(item[1]),
-                               budget=backend.memory_budget(), after=self._follow)
         pool_dirs = list(dict.fromkeys([*pool_dirs, default_directory(), tempfile.gettempdir()]))
         self.pinning = backend.host_pinning()
         self.clients = Clients(self.handles, self.array_cache, pool_dirs, float(client_timeout or 0),
                                on_free=self._cancel, pinning=self.pinning)
+        self.queue = FairQueue(self._work, threads=threads, max_queued=max_queued,
+                               cost=lambda item: DEVICE_MEMORY_FACTOR * self._carried_bytes(item),
+                               budget=backend.memory_budget(), after=self._follow,
+                               may_start=self.clients.ready)
         self.counts = Counter()
         self.refused = Counter()  # messages dropped before their signature: too many frames
         self._dropped_logged_at, self._dropped_unlogged = -1e9, 0
@@ -187,6 +200,7 @@ class Worker(FastPath):
         self._close_lock, self._closed = threading.Lock(), False
         self.context = zmq.Context()
         self.gatekeeper = None
+        self.handshakes = None
         self.address = None
         self.curve_public = None
 
@@ -199,7 +213,7 @@ class Worker(FastPath):
         self.router = self.context.socket(zmq.ROUTER)
         self.router.linger = 0
         self.router.router_handover = 1  # a client link connected again keeps its name (client._Link)
-        self.router.maxmsgsize = self.max_frame_bytes
+        self.router.maxmsgsize = self.max_frame_bytes + FRAME_ENVELOPE
         self.router.sndhwm = self.router.rcvhwm = HWM
         self.router.handshake_ivl = HANDSHAKE_SECONDS * 1000
         self._bind()
@@ -226,7 +240,7 @@ class Worker(FastPath):
             self.router.bind(self.address)
             return
         self.socket_path = None
-        self.gatekeeper = Gatekeeper(self.context, password=plain_password(bytes.fromhex(self.key)),
+        self.gatekeeper = Gatekeeper(self.context, password=plain_password(bytes.fromhex(self.key), self.worker_id),
                                      curve_keys=self.curve_allowed if self.curve is not None else ()).start()
         if self.curve is not None:
             public, secret = self.curve
@@ -239,11 +253,16 @@ class Worker(FastPath):
             self.router.plain_server = True
         self.router.zap_domain = DOMAIN.encode()
         host = f"[{self.host}]" if ":" in self.host else self.host
+        if Handshakes.available():  # before bind: no connection is accepted unseen
+            self.handshakes = Handshakes(self.router, "plain" if self.curve is None else "curve",
+                                         limit=HANDSHAKES, seconds=HANDSHAKE_SECONDS)
         if self.port:
             self.router.bind(f"tcp://{host}:{self.port}")
         else:
             self.port = self.router.bind_to_random_port(f"tcp://{host}")
         self.address = f"tcp://{host}:{self.port}"
+        if self.handshakes is not None:
+            self.handshakes.start()
 
     def serve_forever(self):
         """Serve until SIGINT/SIGTERM, a shutdown request, or the parent's death.
@@ -280,6 +299,8 @@ class Worker(FastPath):
         if self.wakeup is not None:
             self._wake()  # the reading thread returns from its poll at once
         self.queue.close()  # waits (a moment) until no thread reads: the sockets are closed below
+        if self.handshakes is not None:
+            self.handshakes.stop()
         if self.gatekeeper is not None:
             self.gatekeeper.stop()
         self.clients.close()
@@ -400,6 +421,23 @@ class Worker(FastPath):
         else:
             self._reply(identity, self._error_reply(header, ProtocolError(f"unknown operation {op!r}")))
 
+    def _carried_bytes(self, item):
+        """The input a queued request really carries (wire.input_bytes): what admission charges it."""
+        header, buffers = item[1], item[2]
+        client, cache = header.get("client"), self.array_cache
+        pool_segment = None
+        if header.get("pool"):
+            try:
+                attachment = self.clients.attachment(client, header["pool"])
+            except ProtocolError:
+                attachment = None
+            if attachment is not None:
+                pool_segment = lambda segment: _segment_size(attachment, segment)  # noqa: E731
+        cached = None
+        if cache is not None:
+            cached = lambda key: getattr(cache.get((client, key)), "nbytes", 0)  # noqa: E731
+        return input_bytes(header, buffers, pool_segment, cached)
+
     def _cancel(self, client):
         """Drop the work a freed client still has waiting: it never runs, and its replies would reach no one."""
         self._disarm_client(client)
@@ -410,14 +448,20 @@ class Worker(FastPath):
 
     # ------------------------------------------------------------ replying
 
-    def _reply(self, identity, frames):
+    def _reply(self, identity, frames, state=None):
         """Send a reply, from whichever thread has it (under the socket's lock); wake the reading thread if the
-        send took the signal of a message that has arrived meanwhile."""
+        send took the signal of a message that has arrived meanwhile. A large reply to a client (``state``) is
+        followed until ZeroMQ lets it go: the bytes it holds unread hold back that client's next requests."""
+        nbytes = sum(memoryview(frame).nbytes for frame in frames) if state is not None else 0
+        if nbytes >= TRACK_REPLIES_FROM:  # its last frame goes last, and is tracked: the reply's own copy
+            frames = [*frames[:-1], zmq.Frame(frames[-1], copy=False, track=True)]
         with self._router_lock:
             if self.router.closed:
                 return  # stopped while this request ran: the client is told by the closed connection
-            self.router.send_multipart([identity, *frames], copy=False)
+            tracker = self.router.send_multipart([identity, *frames], copy=False)
             waiting = message_waits(self.router)
+        if nbytes >= TRACK_REPLIES_FROM and tracker is not None:
+            self.clients.replied(state, tracker, nbytes)
         if waiting and not getattr(self._local, "leading", False):
             self._wake()
 
@@ -461,7 +505,7 @@ class Worker(FastPath):
             self._publish(header, frames)
         finally:
             self.clients.answered(state)
-        self._reply(identity, frames)
+        self._reply(identity, frames, state)
         # Only now drop the models the request released: freeing one takes milliseconds (a forest of 100
         # trees takes 10-14 ms on an H200), which the reply need not wait for. Peak memory is what cuML
         # in process has too, where rebinding a name frees the old model after the new one is fitted.
@@ -560,7 +604,8 @@ class Worker(FastPath):
             "uptime": time.time() - self.started, "handles": len(self.handles),
             "pools": len(self.clients.pools), "clients": len(self.clients), "requests": dict(self.counts),
             "refused": dict(self.session.refused + self.refused
-                            + (self.gatekeeper.refused if self.gatekeeper else Counter())),
+                            + (self.gatekeeper.refused if self.gatekeeper else Counter())
+                            + (self.handshakes.closed if self.handshakes else Counter())),
             "swept": dict(self.clients.swept), "rss": rss_bytes(), "page_faults": page_faults(),
             "queued": self.queue.waiting(),
             "threads": self.queue.threads, "running": self.queue.running, "peak_running": self.queue.peak,
@@ -589,3 +634,11 @@ class Worker(FastPath):
     #: op name -> quick op, answered by the reading thread itself; the work ops are :data:`.dispatch.WORK`
     QUICK = {"hello": _hello, "attach": _attach, "ping": _ping, "status": _status, "release": _release,
              "goodbye": _goodbye, "shutdown": _shutdown}
+
+
+def _segment_size(attachment, segment):
+    """The size of a segment of a client's pool (0 where it has none such)."""
+    try:
+        return attachment._segment(segment)[1]
+    except Exception:  # noqa: BLE001 - PoolError, or anything odd: the decoder refuses it later
+        return 0

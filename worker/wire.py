@@ -7,8 +7,9 @@ client (:mod:`.cache`), only when an operation asks. :meth:`FramesRequest.reply`
 encodes an :class:`.dispatch.Answer`, its arrays into the pool block the
 request gave for them (else as frames). A request holds the pool it uses
 until :meth:`FramesRequest.let_go`, which first waits for the device where a
-copy read pinned memory. :func:`input_bytes` reads a request's size from its
-header (admission by device memory, the note on a MemoryError).
+copy read pinned memory. :func:`input_bytes` reads a request's size: what
+its header declares (the note on a MemoryError), or what it really carries
+(admission by device memory).
 """
 
 import logging
@@ -19,6 +20,7 @@ import numpy as np
 
 from sklearn_gpu_bridge.errors import ProtocolError
 from sklearn_gpu_bridge.protocol import Decoder, Encoder
+from sklearn_gpu_bridge.protocol.session import frame_buffer
 
 from .dispatch import Request
 
@@ -148,15 +150,49 @@ class FramesRequest(Request):
                 attachment.let_go()
 
 
-def input_bytes(header):
-    """The bytes of the arrays a request carries (as its header describes them)."""
+def input_bytes(header, buffers=None, pool_segment=None, cached=None):
+    """The bytes of the arrays a request carries: as its header describes them, or, with ``buffers`` (the
+    message's frames), each at most what the message really carries for it, so that a size a request only
+    declares never holds device memory others wait for (admission).
+
+    What is carried: an inline array's bytes; a frame array's frames (each frame counted once); a pool array's
+    range, where it lies within its segment (``pool_segment(segment)``: the segment's size, 0 where there is none;
+    each segment counted at most once in all); a cached array's bytes (``cached(key)``, 0 where none is kept).
+    """
     arrays = header.get("arrays") if isinstance(header.get("arrays"), list) else []
     sent = 0
+    frames_counted, pool_sizes, pool_used = set(), {}, 0
     for desc in arrays:
         try:
-            sent += math.prod(desc["shape"]) * np.dtype(desc["dtype"]).itemsize
+            declared = max(0, math.prod(desc["shape"]) * np.dtype(desc["dtype"]).itemsize)
         except Exception:  # noqa: BLE001 - a malformed one is refused later, by the decoder
             continue
+        if buffers is None:
+            sent += declared
+            continue
+        where = desc.get("where")
+        if where == "inline":
+            carried = len(desc["data"]) if isinstance(desc.get("data"), bytes) else 0
+        elif where == "frame":
+            index = desc.get("index")
+            carried = 0
+            for i in index if isinstance(index, list) else [index]:
+                if type(i) is int and 0 <= i < len(buffers) and i not in frames_counted:
+                    frames_counted.add(i)
+                    carried += frame_buffer(buffers[i]).nbytes
+        elif where == "pool" and pool_segment is not None:
+            segment, offset = desc.get("segment"), desc.get("offset")
+            if type(segment) is int and type(offset) is int and segment not in pool_sizes:
+                pool_sizes[segment] = pool_segment(segment)
+            size = pool_sizes.get(segment, 0)
+            carried = declared if type(offset) is int and 0 <= offset and offset + declared <= size else 0
+            carried = min(carried, sum(pool_sizes.values()) - pool_used)
+            pool_used += carried
+        elif where == "cached" and cached is not None:
+            carried = cached(desc.get("key")) or 0
+        else:
+            carried = 0
+        sent += min(declared, carried)
     return sent
 
 

@@ -20,8 +20,8 @@ from pathlib import Path
 
 from ..config import ENV_ACCEL, WORKER_DEFAULTS
 from ..errors import ConfigurationError, WorkerUnavailable
-from ..runtime.connection_file import read_connection_file
-from ..runtime.private_files import open_append_private
+from ..runtime.connection_file import NotAConnectionFile, read_connection_file
+from ..runtime.private_files import open_append_private, prepare_folder
 
 READY_POLL = 0.05
 
@@ -55,7 +55,7 @@ def worker_argv(python=None, *, connection_file, safe_path=None, parent_pid=None
 def spawn(argv, log_file, *, cwd, detached=False, windows=False, creationflags=0):
     """Start ``argv`` with its output appended to ``log_file`` (owner-only, never through a link)."""
     log_file = Path(log_file)
-    log_file.parent.mkdir(parents=True, exist_ok=True)
+    prepare_folder(log_file.parent)
     with open_append_private(log_file) as log:
         stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
         log.write(f"---- {stamp} starting: {shlex.join(map(str, argv))}\n".encode())
@@ -80,7 +80,8 @@ def log_tail(log_file, lines=25):
 
 
 def wait_ready(process, connection_file, timeout, *, log_file, accept=None):
-    """The worker's ConnectionInfo once its file is there; WorkerUnavailable if it exits or times out.
+    """The worker's ConnectionInfo once its file is there; WorkerUnavailable if it exits or times out, or at once
+    if the file is refused (a client would refuse it too: waiting would not change that).
 
     ``accept(info)`` may refuse a file that is not this worker's (an older
     one's); by default the file must name ``process``'s pid.
@@ -91,8 +92,11 @@ def wait_ready(process, connection_file, timeout, *, log_file, accept=None):
         if Path(connection_file).exists():
             try:
                 info = read_connection_file(connection_file)
-            except (OSError, ConfigurationError):
+            except (OSError, NotAConnectionFile):
                 info = None  # being replaced right now: look again
+            except ConfigurationError as exc:
+                process.kill()
+                raise WorkerUnavailable(f"the worker wrote {connection_file}, but it cannot be used: {exc}") from None
             if info is not None and accept(info):
                 return info
         if process.poll() is not None:

@@ -39,7 +39,15 @@ from ..errors import BridgeError, ConfigurationError, ProtocolError, WorkerUnava
 from ..progress import format_seconds, waiting
 from ..protocol import Session, new_id
 from ..runtime.connection_file import default_connection_file, read_connection_file
-from ..runtime.private_files import ExclusiveLock, doorbell_path, exited, make_private_folder, terminate
+from ..runtime.private_files import (
+    ExclusiveLock,
+    doorbell_path,
+    exited,
+    make_folders,
+    make_private_folder,
+    prepare_folder,
+    terminate,
+)
 from ..transport.link import dealer
 from ..version import __version__
 from . import wsl
@@ -163,8 +171,12 @@ def start(*, backend: str = "auto", connection_file: str | os.PathLike | None = 
         raise ValueError(f"log_level must be one of {LOG_LEVELS}")
     if connection_file.parent == default_connection_file().parent:  # ours: for this user alone
         make_private_folder(connection_file.parent, windows=windows)
-    else:  # the user's choice of folder, and of who may read it
-        connection_file.parent.mkdir(parents=True, exist_ok=True)
+    else:  # the user's choice of folder, and of who may read it; refused at once where others may replace files
+        prepare_folder(connection_file.parent)
+    planted = state_path(connection_file)
+    if os.path.lexists(planted) and not _ours(planted):
+        raise ServiceError(f"{planted} beside the connection file is another user's (or a link): it is never read; "
+                           f"remove it, or choose a folder of your own for --connection-file")
     try:
         with ExclusiveLock(_lock_path(connection_file), startup_timeout, "another start"):
             if _answering(connection_file) is not None:
@@ -273,7 +285,7 @@ def _wsl_launch(connection_file, *, backend, log_level, threads, device_memory, 
     """(wsl.exe command line, state) for a worker in WSL2 writing its file where this side reads it."""
     folder = Path(connection_file).parent
     shared_pool = folder / "pool"  # on the Windows disk: /mnt/<drive>/... inside WSL
-    shared_pool.mkdir(parents=True, exist_ok=True)
+    make_folders(shared_pool)
     linux_pool = "~/.cache/sklearn-gpu-bridge/pool"  # on the WSL disk: \\wsl.localhost\<distro>\... here
     probe = run_probe(python=python, use_wsl=True, distro=distro, wsl_exe=wsl_exe,
                       params={"wslpath": [str(folder), str(shared_pool)], "mkdirs": [linux_pool]})
@@ -383,6 +395,8 @@ def _remove_files(connection_file, state, info, connection=True):
                 pass
     removed = []
     for path in paths:
+        if not _ours(path):  # another user's file beside ours (a shared folder): not ours to remove
+            continue
         try:
             path.unlink()
         except FileNotFoundError:
@@ -395,6 +409,15 @@ def _remove_files(connection_file, state, info, connection=True):
         except OSError:
             pass
     return removed
+
+
+def _ours(path):
+    """Whether ``path`` is a file of this user (not a link); True where modes do not say (Windows)."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return False
+    return os.name != "posix" or (info.st_uid == os.getuid() and not stat.S_ISLNK(info.st_mode))
 
 
 def _local_pid(state, info):

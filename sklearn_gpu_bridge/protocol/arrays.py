@@ -23,9 +23,13 @@ arrays, never densified::
 
 and is checked whole (index ranges, monotonic pointers) before it is used.
 
-A blob (opaque bytes: fitted state) is ``{"__blob__": k}`` -> ``buffers[k]``.
-Every descriptor is validated (dtype whitelist, shape x itemsize == bytes,
-index and range bounds) before any byte is read.
+A blob (opaque bytes: fitted state) is ``{"__blob__": k}`` -> ``buffers[k]``
+(a list of k: chunks, in order). An array or blob longer than the receiver's
+largest frame (``max_frame``: a worker on TCP takes 1 MiB) travels as several
+frames; so do the bytes inside the header, which go as frames once they fill
+a quarter of that. Every descriptor is validated (dtype whitelist, shape x
+itemsize == bytes, index and range bounds, no frame named twice) before any
+byte is read or joined.
 
 How a value is written is looked up by its type in :data:`ENCODERS` (as
 dask registers serializers): a new type is a new entry, not a new branch.
@@ -39,8 +43,8 @@ import blake3
 import numpy as np
 
 from ..errors import CacheMiss, ProtocolError
-from ..parallel import all_sums_finite, copy_into
-from .session import PLAIN_TYPES, buffer_digest, frame_buffer
+from ..parallel import PARALLEL_MIN, THREADS, all_sums_finite, copy_into, run_chunks
+from .session import PLAIN_TYPES, Span, buffer_digest, frame_buffer
 
 INLINE_MAX = 64 * 1024  # arrays up to this many bytes travel inside the header
 #: the same where the message has a pool block to put them in: bytes inside the header are signed, and copied
@@ -220,12 +224,15 @@ class Encoder:
         if inline_max is None:
             inline_max = INLINE_MAX if place is None else POOL_INLINE_MAX
         self.inline_max = inline_max
-        self.max_frame = max_frame  # the receiver's largest frame: longer arrays go as several
+        self.max_frame = max_frame  # the receiver's largest frame: longer arrays and blobs go as several
+        # bytes inside the header, all arrays together: the header is one frame, and must stay well within one
+        self.inline_left = max_frame // 4 if max_frame else None
         self.cache = cache
         self.reuse = reuse
         self.arrays = []
         self.buffers = []
-        self.digests = {}  # buffer index -> its digest, where hashing for a cache key gave it already
+        # buffer index -> its digest where known already (a cache key's), or a session.Span: the frames of one value
+        self.digests = {}
         self.counts = {}  # arrays per path (a dict: a Counter's methods are Python calls)
         self.reused = []
         self.offered = []
@@ -235,8 +242,22 @@ class Encoder:
         return write(self, value) if write is not None else value
 
     def blob(self, data):
-        self.buffers.append(data)
-        return {BLOB: len(self.buffers) - 1}
+        indexes = self._frames(memoryview(data).cast("B"), None)
+        return {BLOB: indexes[0] if len(indexes) == 1 else indexes}
+
+    def _frames(self, raw, content):
+        """Append ``raw`` (flat bytes) as frames of at most ``max_frame``; their indexes. Several frames carry one
+        digest of them all (``content`` if known), hashed here on all cores while the bytes lie together."""
+        nbytes = raw.nbytes
+        step = self.max_frame or nbytes or 1
+        first = len(self.buffers)
+        self.buffers.extend(raw[at : at + step] for at in range(0, max(nbytes, 1), step))
+        count = len(self.buffers) - first
+        if count > 1:
+            self.digests[first] = Span(content or buffer_digest(raw), count)
+        elif content is not None:
+            self.digests[first] = content  # hashed for the cache key already
+        return list(range(first, first + count))
 
     def _marker(self, desc):
         self.counts[desc["where"]] = self.counts.get(desc["where"], 0) + 1
@@ -278,7 +299,9 @@ class Encoder:
                 return self._marker({**desc, "where": "cached", "key": key})
             self.offered.append((key, nbytes))
             desc["cache"] = key
-        if nbytes <= self.inline_max:
+        if nbytes <= self.inline_max and (self.inline_left is None or nbytes <= self.inline_left):
+            if self.inline_left is not None:
+                self.inline_left -= nbytes
             return self._marker({**desc, "where": "inline", "data": _raw(arr).tobytes()})
         if spot is None and self.place is not None:
             spot = self.place(nbytes)
@@ -290,12 +313,7 @@ class Encoder:
             return self._marker({**desc, "where": "pool", "segment": segment, "offset": offset})
         if target != arr.dtype:
             arr = _cast(arr, target, order, name)
-        raw, step = _raw(arr), self.max_frame or nbytes or 1
-        first = len(self.buffers)
-        self.buffers.extend(raw[at : at + step] for at in range(0, max(nbytes, 1), step))
-        indexes = list(range(first, len(self.buffers)))
-        if content is not None and len(indexes) == 1:
-            self.digests[first] = content  # hashed for the cache key already
+        indexes = self._frames(_raw(arr), content)
         return self._marker({**desc, "where": "frame", "index": indexes[0] if len(indexes) == 1 else indexes})
 
     def sparse(self, matrix, dtype=None, name="X"):
@@ -421,13 +439,14 @@ class Decoder:
         self.writeable = writeable
         self.cache = cache
         self.counts = {}  # arrays per path
+        self._used = set()  # buffers taken by an array or blob: none is taken twice (nor joined twice)
 
     def decode(self, value):
         if isinstance(value, dict):
             if len(value) == 1 and ARRAY in value:
                 return self._array(value[ARRAY])
             if len(value) == 1 and BLOB in value:
-                return frame_buffer(self._buffer_at(value[BLOB]))
+                return self._frames(value[BLOB])
             if len(value) == 1 and SPARSE in value:
                 return self._sparse(value[SPARSE])
             return {k: self.decode(v) for k, v in value.items()}
@@ -476,19 +495,21 @@ class Decoder:
             raise ProtocolError(f"buffer index {index!r} out of range")
         return self.buffers[index]
 
-    def _frames(self, index):
-        """One frame's memory (no copy), or several joined in order (one copy)."""
-        if not isinstance(index, list):
-            return frame_buffer(self._buffer_at(index))
-        if not index or len(index) > len(self.buffers):
+    def _frames(self, index, nbytes=None):
+        """One frame's memory (no copy), or several joined in order (one copy); ``nbytes``: what they must hold
+        together, checked before anything is joined. A frame taken before (by this value or another) is refused:
+        a message of one frame named a thousand times would otherwise be joined a thousand times."""
+        indexes = index if isinstance(index, list) else [index]
+        if not indexes or len(indexes) > len(self.buffers):
             raise ProtocolError("an array's frame list is empty or longer than the message")
-        parts = [frame_buffer(self._buffer_at(i)) for i in index]
-        joined = np.empty(sum(p.nbytes for p in parts), np.uint8)
-        at = 0
-        for part in parts:
-            joined[at : at + part.nbytes] = np.frombuffer(part, np.uint8)
-            at += part.nbytes
-        return memoryview(joined)
+        parts = [frame_buffer(self._buffer_at(i)) for i in indexes]
+        if len(set(indexes)) != len(indexes) or not self._used.isdisjoint(indexes):
+            raise ProtocolError("a frame is named twice in one message")
+        total = sum(part.nbytes for part in parts)
+        if nbytes is not None and total != nbytes:
+            raise ProtocolError("frame size does not match its shape")
+        self._used.update(indexes)
+        return parts[0] if len(parts) == 1 else _join(parts, total)
 
     def _array(self, index):
         if type(index) is not int or not 0 <= index < len(self.arrays):
@@ -511,9 +532,7 @@ class Decoder:
             if not isinstance(data, bytes) or len(data) != nbytes:
                 raise ProtocolError("inline array size does not match its shape")
         elif where == "frame":
-            data = self._frames(desc.get("index"))
-            if data.nbytes != nbytes:
-                raise ProtocolError("frame size does not match its shape")
+            data = self._frames(desc.get("index"), nbytes)
         elif where == "pool":
             if self.read_pool is None:
                 raise ProtocolError("array names the pool, but no pool is attached")
@@ -541,3 +560,22 @@ class Decoder:
         if arr.dtype != dtype or arr.shape != shape or not arr.flags[f"{order}_CONTIGUOUS"]:
             raise ProtocolError(f"the cached array {key} is not of the dtype, shape and order described")
         return arr
+
+
+def _join(parts, total):
+    """The frames of one value in one buffer (the one copy of a value sent in several frames); large ones on all
+    cores, a run of whole frames each."""
+    joined = np.empty(total, np.uint8)
+    ends = np.cumsum([part.nbytes for part in parts])
+
+    def copy(first, last):
+        for k in range(first, last):
+            joined[ends[k] - parts[k].nbytes : ends[k]] = np.frombuffer(parts[k], np.uint8)
+
+    threads = min(THREADS, len(parts)) if total >= PARALLEL_MIN else 1
+    if threads == 1:
+        copy(0, len(parts))
+    else:
+        step = -(-len(parts) // threads)
+        run_chunks(copy, [(at, min(at + step, len(parts))) for at in range(0, len(parts), step)])
+    return memoryview(joined)

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, fields
 
 from ..errors import ProtocolError
 
-PROTOCOL_VERSION = 3  # 3: msgpack headers (2: pickles)
+PROTOCOL_VERSION = 4  # 4: one digest for the frames of one value, PLAIN per worker run (3: msgpack headers)
 
 #: fields of a work request that carry arrays (see protocol.arrays)
 _ARRAYS = ("payload: {'args': [...], 'kwargs': {...}} with array markers; arrays: their descriptors; "

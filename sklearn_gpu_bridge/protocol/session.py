@@ -13,7 +13,9 @@
 - ``buffers`` are raw bytes: arrays as zero-copy frames, and opaque blobs
   that only the operation expecting one ever reads (see :mod:`.arrays`).
   The header carries a BLAKE3 digest of each (``digests``), so the
-  signature covers every frame.
+  signature covers every frame; an array or blob split into several frames
+  (a worker on TCP takes frames of at most ``max_frame_bytes``) has one
+  digest of its frames together, followed by ``None`` for each further frame.
 
 Every header also carries ``time`` (seconds since the epoch) and, from a
 client, ``to``: the id of the worker run it is meant for. A worker's session
@@ -42,6 +44,8 @@ from ..errors import ProtocolError
 MAX_SKEW = 300.0  # seconds a message's time may be from the worker's clock
 REMEMBER = 1 << 20  # signatures a worker keeps to refuse replays (those older than 2 x MAX_SKEW go first)
 MAX_HEADER = 16 << 20  # bytes: a longer header is refused before its signature is computed
+#: frames in one message, at most (a longer one is dropped as it is read): 64 GiB in frames of 1 MiB
+MAX_FRAMES = 1 << 16
 DIGEST_THREADS_FROM = 1 << 20  # bytes: from this size a buffer is hashed on all cores
 SECOND_WAY_REMEMBERED = 4096  # messages taken from request slots whose ZeroMQ copies may come (most never do)
 PLAIN_TYPES = frozenset({type(None), bool, int, float, str, bytes})  # exact types only: a subclass is not plain
@@ -180,6 +184,37 @@ def buffer_digest(buffer):
     return blake3.blake3(memory, max_threads=threads).hexdigest()
 
 
+def span_digest(buffers):
+    """BLAKE3 of several buffers one after the other (hex): what :func:`buffer_digest` gives for them joined."""
+    hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
+    for buffer in buffers:
+        hasher.update(memoryview(frame_buffer(buffer)).cast("B"))
+    return hasher.hexdigest()
+
+
+class Span(tuple):
+    """``(digest, frames)``: the digest of an array or blob sent as ``frames`` frames, known to the sender."""
+
+    __slots__ = ()
+
+    def __new__(cls, digest, frames):
+        return super().__new__(cls, (digest, frames))
+
+
+def _listed_digests(buffers, known):
+    """The header's ``digests``: one per buffer, a run of frames of one value under its first (then None)."""
+    listed, at = [], 0
+    while at < len(buffers):
+        entry = known.get(at)
+        digest, count = entry if isinstance(entry, Span) else (entry, 1)
+        if count > 1:
+            listed += [digest or span_digest(buffers[at : at + count])] + [None] * (count - 1)
+        else:
+            listed.append(digest or buffer_digest(buffers[at]))
+        at += max(1, count)
+    return listed
+
+
 class StaleMessage(ProtocolError):
     """A signed message whose time is too far from the worker's clock: a replay, or clocks that differ."""
 
@@ -222,14 +257,14 @@ class Session:
     def pack(self, header, buffers=(), digests=None):
         """Stamp ``header`` (plain values: time, recipient, buffer digests) and sign it; buffers follow raw.
 
-        ``digests`` maps a buffer's index to its digest where the caller has it already.
+        ``digests`` maps a buffer's index to its digest where the caller has it already, or to a
+        :class:`Span` where that buffer and the next ones are the frames of one array or blob.
         """
         header["time"] = time.time()
         if self.peer is not None:
             header["to"] = self.peer
         if buffers:
-            known = digests or {}
-            header["digests"] = [known.get(i) or buffer_digest(b) for i, b in enumerate(buffers)]
+            header["digests"] = _listed_digests(buffers, digests or {})
         header_bytes = dumps_header(header)
         return [self.sign(header_bytes), header_bytes, *buffers]
 
@@ -273,10 +308,18 @@ class Session:
         return header, buffers
 
     def check_buffers(self, header, buffers):
-        """Each buffer against its digest in the (already verified) header."""
-        for digest, buffer in zip(header.get("digests", []), buffers):
-            if not isinstance(digest, str) or not hmac.compare_digest(digest, buffer_digest(frame_buffer(buffer))):
+        """Each buffer, or each run of buffers under one digest, against its digest in the (already verified)
+        header."""
+        digests = header.get("digests", [])
+        at = 0
+        while at < len(buffers):
+            digest, end = digests[at], at + 1
+            while end < len(buffers) and digests[end] is None:
+                end += 1
+            computed = buffer_digest(frame_buffer(buffers[at])) if end == at + 1 else span_digest(buffers[at:end])
+            if not isinstance(digest, str) or not hmac.compare_digest(digest, computed):
                 self._refuse("bad_digest", "a buffer does not match its digest in the signed header")
+            at = end
 
     @staticmethod
     def _seen_key(signature):

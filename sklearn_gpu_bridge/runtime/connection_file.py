@@ -16,9 +16,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..errors import ConfigurationError
-from .private_files import make_private_folder, read_private_file, write_private_file
+from .private_files import make_private_folder, prepare_folder, read_private_file, write_private_file
 
 MIN_KEY_BYTES = 16  # 128 bits
+
+
+class NotAConnectionFile(ConfigurationError):
+    """A file that passed the checks but holds no worker's connection (not JSON, or fields missing)."""
 
 
 @dataclass(frozen=True)
@@ -79,13 +83,18 @@ def default_connection_file():
     return base / "sklearn-gpu-bridge" / "worker.json"
 
 
-def write_connection_file(path, info):
-    """Write ``info`` to ``path`` readable by its owner only, replacing atomically."""
+def prepare_folder_of(path):
+    """Make the folder of the connection file ``path`` (0700, and its missing parents, whatever the umask); the
+    default folder must be this user's alone, another one must not let others replace files in it."""
     path = Path(path)
     if path.parent == default_connection_file().parent:
-        make_private_folder(path.parent)
-    else:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        return make_private_folder(path.parent)
+    return prepare_folder(path.parent)
+
+
+def write_connection_file(path, info):
+    """Write ``info`` to ``path`` readable by its owner only, replacing atomically."""
+    prepare_folder_of(path)
     write_private_file(path, json.dumps(asdict(info), indent=1))
 
 
@@ -96,7 +105,7 @@ def read_connection_file(path):
         data = json.loads(text)
         return ConnectionInfo(**{k: data[k] for k in ConnectionInfo.__dataclass_fields__ if k in data})
     except (ValueError, TypeError) as exc:
-        raise ConfigurationError(f"the connection file {path} is not one a worker wrote: {exc}") from None
+        raise NotAConnectionFile(f"the connection file {path} is not one a worker wrote: {exc}") from None
 
 
 def start_hint(path="PATH"):

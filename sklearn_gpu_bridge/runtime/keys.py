@@ -6,8 +6,11 @@ A worker listens on one of three kinds of address, and each has its gate:
   private folder of the worker's user; the file system lets no other user
   connect.
 - ``tcp://`` on loopback (WSL2 to Windows): ZeroMQ's PLAIN mechanism, whose
-  password is derived from the signing key; the worker's ZAP handler refuses
-  any other before a single message is accepted.
+  password is derived from the signing key and the worker run's id; the
+  worker's ZAP handler refuses any other before a single message is
+  accepted. PLAIN sends the password to whoever listens at the address (a
+  user who took the port while the worker was down): derived per run, it
+  opens no other run of the worker, not even one with the same key file.
 - ``tcp://`` beyond loopback: CurveZMQ (encrypted), and the client's public
   key must be on the worker's allow-list: the key derived from the signing
   key, or one made by ``sklearn-gpu-bridge keys`` and listed in ``--curve-allow``.
@@ -27,7 +30,7 @@ import zmq.auth
 from zmq.utils import z85
 
 from ..errors import ConfigurationError
-from .private_files import check_private_file
+from .private_files import check_private_file, prepare_folder
 
 PLAIN_USER = b"sklearn-gpu-bridge"
 
@@ -36,9 +39,10 @@ def _derive(key, purpose):
     return hmac.new(key, b"sklearn-gpu-bridge " + purpose, hashlib.sha256).digest()
 
 
-def plain_password(key):
-    """The PLAIN password of a worker with signing key ``key`` (bytes): only key holders know it."""
-    return _derive(key, b"plain password").hex().encode()
+def plain_password(key, worker_id):
+    """The PLAIN password of the worker run ``worker_id`` with signing key ``key`` (bytes): only key holders know
+    it, and a password captured by whoever listened at the address opens no other run."""
+    return _derive(key, b"plain password " + str(worker_id).encode()).hex().encode()
 
 
 def derived_client_pair(key):
@@ -57,7 +61,7 @@ def secure(sock, info, client_secret_key=None):
         sock.curve_serverkey = info.curve_server_key.encode()
         sock.curve_publickey, sock.curve_secretkey = public, secret
     else:
-        sock.plain_username, sock.plain_password = PLAIN_USER, plain_password(key)
+        sock.plain_username, sock.plain_password = PLAIN_USER, plain_password(key, info.worker_id)
     return sock
 
 _BANNER = "#   ZeroMQ CURVE {} certificate of sklearn-gpu-bridge\n#   {}\n\nmetadata\ncurve\n"
@@ -65,8 +69,7 @@ _BANNER = "#   ZeroMQ CURVE {} certificate of sklearn-gpu-bridge\n#   {}\n\nmeta
 
 def make_pair(directory, name="worker", force=False):
     """Write a CurveZMQ key pair; returns (public path, secret path)."""
-    directory = Path(directory)
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    directory = prepare_folder(directory)
     public, secret = zmq.curve_keypair()
     paths = directory / f"{name}.key", directory / f"{name}.key_secret"
     if not force:

@@ -2,10 +2,12 @@
 
 Another local user must not be able to plant a file the bridge reads, take a
 folder the bridge writes to, or pass a process of theirs for one of ours.
-So folders the bridge makes are checked after making (``lstat``: a real
-folder, this user's, mode 0700), files it reads as secrets are opened
-without following links and refused when others own them or may read or
-write them, and files it writes are replaced atomically, owner-only.
+So folders the bridge makes are made 0700 whatever the umask (their missing
+parents too) and checked after making (``lstat``: a real folder, this
+user's, mode 0700); a folder the user chose is refused when others may
+replace what is written there; files it reads are opened without following
+links and refused when others own them or may read or write them, and files
+it writes are replaced atomically, owner-only.
 
 On Windows, where modes keep no one out, the package's own folders get an
 ACL of the user alone (``icacls``); the mode checks do not apply there.
@@ -55,10 +57,7 @@ def make_private_folder(folder, windows=None):
     an ACL of this user alone.
     """
     folder = Path(folder)
-    try:
-        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    except FileExistsError:  # a file or a dangling link in its place: the check below says which
-        pass
+    make_folders(folder)
     if sys.platform == "win32" if windows is None else windows:
         command = private_folder_command(folder, windows_user())
         done = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL)
@@ -67,6 +66,69 @@ def make_private_folder(folder, windows=None):
                           f"{(done.stderr or done.stdout).strip()}")
         return folder
     return check_private_folder(folder)
+
+
+def make_folders(folder):
+    """Make ``folder`` and its missing parents, each mode 0700 whatever the umask (``mkdir -p`` would make the
+    parents by the umask: 0777 under ``umask 000``). What exists already is left as it is."""
+    folder = Path(os.path.abspath(folder))
+    missing = []
+    while not os.path.lexists(folder) and folder.parent != folder:
+        missing.append(folder)
+        folder = folder.parent
+    for path in reversed(missing):
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:  # made meanwhile, or a file or a dangling link in its place: checked by the caller
+            continue
+        if POSIX:  # the umask may have taken bits mkdir's mode asked for; never through a link put in its place
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | NOFOLLOW | CLOEXEC)
+            try:
+                os.fchmod(fd, 0o700)
+            except OSError:  # a file system without modes (a Windows disk in WSL): the checks of the caller decide
+                pass
+            finally:
+                os.close(fd)
+
+
+def prepare_folder(folder):
+    """Make ``folder`` (a folder the user chose, for files the bridge writes) as :func:`make_folders` does, and
+    refuse it (ConfigurationError, with the ``chmod`` that fixes it) when other users may replace what is written
+    there: a folder they may write, without the sticky bit of /tmp. The same rule as for reading a file
+    (:func:`check_private_file`)."""
+    folder = Path(folder)
+    make_folders(folder)
+    if not POSIX:
+        return folder
+    try:
+        info = os.stat(folder)
+    except OSError as exc:
+        raise ConfigurationError(f"the folder {folder} cannot be used: {exc.strerror}") from None
+    if not stat.S_ISDIR(info.st_mode):
+        raise ConfigurationError(f"{folder} is not a folder")
+    if stat.S_IMODE(info.st_mode) & 0o022 and not info.st_mode & stat.S_ISVTX and keeps_modes(folder):
+        raise ConfigurationError(
+            f"refusing to write in {folder}: other users may write there (mode {stat.S_IMODE(info.st_mode):03o}), "
+            f"and so replace what the bridge keeps; choose a folder of your own, or run  chmod go-w {folder}",
+            fix=f"chmod go-w {folder}")
+    return folder
+
+
+#: file systems whose modes say nothing (a Windows disk seen from WSL: its ACL keeps others out, set by the client)
+NO_MODES = frozenset({"9p", "drvfs", "v9fs"})
+
+
+def keeps_modes(folder):
+    """Whether the file system of ``folder`` keeps POSIX modes (from /proc/self/mounts; True where unknown)."""
+    try:
+        with open("/proc/self/mounts") as f:
+            mounts = [line.split()[1:3] for line in f]
+    except OSError:
+        return True
+    path = os.path.realpath(folder)
+    found = max((m for m in mounts if path == m[0] or path.startswith(m[0].rstrip("/") + "/")),
+                key=lambda m: len(m[0]), default=None)
+    return found is None or found[1] not in NO_MODES
 
 
 def check_private_folder(folder):

@@ -27,6 +27,7 @@ import zmq
 from ..config import DEFAULTS
 from ..errors import CacheMiss, ProtocolError, VersionMismatch, WorkerLost, WorkerUnavailable, rebuild, warning_class
 from ..protocol import POOL_INLINE_MAX, PROTOCOL_VERSION, Capabilities, Decoder, Encoder, KnownArrays, Session, new_id
+from ..protocol.session import MAX_FRAMES
 from ..runtime.connection_file import start_hint
 from ..shm import Pool
 from . import reply_slot
@@ -120,15 +121,22 @@ class RemoteTransport(FastPath, Transport):
     # ------------------------------------------------------------ staying known to the worker
 
     def _start_keepalive(self, client_timeout):
-        """Ping now and then, so that a worker that cannot watch this process does not free it."""
+        """Ping now and then, so that a worker that cannot watch this process does not free it; on one socket
+        of its own, connected once (a new connection each time would cost a handshake each time)."""
         interval = max(0.05, client_timeout / 4)
 
         def run():
-            while not self._stop_keepalive.wait(interval):
-                if self.closed or self.pid != os.getpid():
-                    return
-                if not self.ping(timeout=min(5.0, interval)):
-                    log.debug("keepalive ping to %s got no answer", self.info.address)
+            sock = None
+            try:
+                while not self._stop_keepalive.wait(interval):
+                    if self.closed or self.pid != os.getpid():
+                        return
+                    sock = sock or dealer(self.info)
+                    if not self._ping_on(sock, timeout=min(5.0, interval)):
+                        log.debug("keepalive ping to %s got no answer", self.info.address)
+            finally:
+                if sock is not None and self.pid == os.getpid():
+                    sock.close(linger=0)
 
         self._keepalive = threading.Thread(target=run, name="sgb-keepalive", daemon=True)
         self._keepalive.start()
@@ -195,6 +203,7 @@ class RemoteTransport(FastPath, Transport):
         else:  # a worker on this host: it may watch for this thread's next request; copies and drops go in _watch
             header["next_slot"] = self._request_slot(link)
         frames = self.session.pack(header, buffers, digests)
+        self._check_size(header["op"], frames)
         sent = time.monotonic()  # before the send: a send can return after the worker has the message
         held = link.send(frames, self._doorbell, hold=slot is not None)
         reply = (self._watch(*slot, header["reply_slot"]["token"], header["id"], held, link, rehearse)
@@ -209,8 +218,22 @@ class RemoteTransport(FastPath, Transport):
         if reply["op"] == "error":
             raise rebuild(reply)
         for module, category, message in reply.get("warnings", ()):
-            warnings.warn(message, warning_class(module, category), stacklevel=4)
+            from ..errors import caller_stacklevel  # the user's line, past the bridge and scikit-learn
+
+            warnings.warn(message, warning_class(module, category), stacklevel=caller_stacklevel())
         return reply, reply_buffers
+
+    def _check_size(self, op, frames):
+        """Refuse, before sending, a message the worker would drop: its header longer than the worker's largest
+        frame (the worker closes the connection), or more frames than it reads (dropped unanswered)."""
+        capabilities = getattr(self, "capabilities", None)  # None: the hello, which is small
+        largest = capabilities.max_frame_bytes if capabilities is not None else None
+        if largest is not None and len(frames[1]) > largest:
+            raise ProtocolError(f"a {op!r} request's header of {len(frames[1])} bytes is longer than the worker's "
+                                f"largest frame ({largest} bytes): pass large values as arrays")
+        if len(frames) > MAX_FRAMES:
+            raise ProtocolError(f"a {op!r} request of {len(frames)} frames is more than the worker reads "
+                                f"({MAX_FRAMES}): send its arrays in several calls")
 
     def _await(self, link, msg_id, timeout, op):
         """The reply to ``msg_id``; WorkerLost as soon as the worker is known to be gone.
@@ -276,17 +299,20 @@ class RemoteTransport(FastPath, Transport):
         """True if the worker answers a ping within ``timeout`` seconds (busy or not)."""
         sock = dealer(self.info)
         try:
-            ping_id = self._send_ping(sock)
-            deadline = time.monotonic() + timeout
-            while (left := deadline - time.monotonic()) > 0:
-                if not sock.poll(left * 1000):
-                    return False
-                pong = self._receive(sock)
-                if pong is not None and pong[0].get("parent") == ping_id:
-                    return True
-            return False
+            return self._ping_on(sock, timeout)
         finally:
             sock.close(linger=0)
+
+    def _ping_on(self, sock, timeout):
+        ping_id = self._send_ping(sock)
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            if not sock.poll(left * 1000):
+                return False
+            pong = self._receive(sock)  # a late answer to an earlier ping is passed over
+            if pong is not None and pong[0].get("parent") == ping_id:
+                return True
+        return False
 
     def request(self, header, payload=None, *, blobs=None, out_nbytes=0):
         """A round trip carrying arrays: pool blocks are held for the request's lifetime.
