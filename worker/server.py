@@ -26,7 +26,6 @@ any way, is dropped and counted; it never reaches pickle and never stops the
 loop.
 """
 
-import gc
 import ipaddress
 import logging
 import os
@@ -41,8 +40,8 @@ from pathlib import Path
 import zmq
 
 from sklearn_gpu_bridge.config import WORKER_DEFAULTS
-from sklearn_gpu_bridge.errors import ConfigurationError, ProtocolError, VersionMismatch, describe
-from sklearn_gpu_bridge.protocol import PROTOCOL_VERSION, Capabilities, Session, new_id, to_plain
+from sklearn_gpu_bridge.errors import ConfigurationError, ProtocolError, describe
+from sklearn_gpu_bridge.protocol import PROTOCOL_VERSION, Session, new_id, to_plain
 from sklearn_gpu_bridge.protocol.session import MAX_FRAMES, Duplicate, StaleMessage, message_waits
 from sklearn_gpu_bridge.runtime.connection_file import (
     ConnectionInfo,
@@ -64,6 +63,7 @@ from .dispatch import WORK, Operations
 from .fastpath import FastPath, open_doorbell
 from .gatekeeper import DOMAIN, Gatekeeper, Handshakes
 from .handles import HandleTable
+from .quick_ops import QuickOps
 from .scheduler import FairQueue
 from .wire import FramesRequest, input_bytes, memory_note
 
@@ -91,26 +91,6 @@ def is_loopback(host):
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
-
-
-def rss_bytes():
-    """This process's resident memory (Linux), or None."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def page_faults():
-    """This process's page faults so far, [minor, major] (POSIX), or None. A benchmark reads their growth over a
-    case: a first touch of memory mapped anew costs a fault per page."""
-    try:
-        import resource
-    except ImportError:  # Windows
-        return None
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return [usage.ru_minflt, usage.ru_majflt]
 
 
 def check_settings(*, bind=WORKER_DEFAULTS["bind"], key=None, key_file=None, curve_secret_key=None,
@@ -149,7 +129,7 @@ def raise_file_limit():
         log.debug("could not raise the open-file limit", exc_info=True)
 
 
-class Worker(FastPath):
+class Worker(QuickOps, FastPath):
     """Serves one backend on one address until shut down; keyword arguments as :data:`config.WORKER_DEFAULTS`."""
 
     def __init__(self, backend, *, connection_file=None, parent_pid=None, fallback_reason=None, key=None,
@@ -563,77 +543,6 @@ class Worker(FastPath):
         if not isinstance(handles, list):
             raise ProtocolError("'release' must be a list of handles")
         return handles
-
-    # ------------------------------------------------------------ quick ops: header -> reply fields
-
-    def _hello(self, header):
-        version = header.get("protocol_version")
-        if version != PROTOCOL_VERSION:
-            raise VersionMismatch(
-                f"client speaks protocol {version}, this worker speaks {PROTOCOL_VERSION}: "
-                "install the same sklearn-gpu-bridge version on both sides"
-            )
-        pool, client = header.get("pool"), header.get("client")
-        slot = None
-        if isinstance(pool, dict) and client is not None:
-            slot = self.clients.challenge(client, pool, header.get("pid"))
-        capabilities = Capabilities(
-            protocol_version=PROTOCOL_VERSION, worker_id=self.worker_id, backend=self.backend.name,
-            fallback_reason=self.fallback_reason, float_dtype=self.backend.float_dtype, pool=False,
-            pool_challenge=slot, max_frame_bytes=self.max_frame_bytes, versions=self.versions,
-            array_cache=self.array_cache.max_bytes if self.array_cache is not None else 0,
-            client_timeout=self._client_timeout(watched=False),
-        )
-        return capabilities.to_reply()
-
-    def _client_timeout(self, watched):
-        return None if watched or not self.clients.client_timeout else self.clients.client_timeout
-
-    def _attach(self, header):
-        attached, watched = self.clients.attach(header.get("client"), header.get("nonce"))
-        doorbell = str(self.doorbell[0]) if attached and self.doorbell is not None else None
-        return {"pool": attached, "client_timeout": self._client_timeout(watched), "doorbell": doorbell}
-
-    def _ping(self, header):
-        return {"busy": self.queue.waiting()}
-
-    def _status(self, header):
-        cache = self.array_cache
-        return {
-            "backend": self.backend.name, "pid": os.getpid(), "address": self.address,
-            "uptime": time.time() - self.started, "handles": len(self.handles),
-            "pools": len(self.clients.pools), "clients": len(self.clients), "requests": dict(self.counts),
-            "refused": dict(self.session.refused + self.refused
-                            + (self.gatekeeper.refused if self.gatekeeper else Counter())
-                            + (self.handshakes.closed if self.handshakes else Counter())),
-            "swept": dict(self.clients.swept), "rss": rss_bytes(), "page_faults": page_faults(),
-            "queued": self.queue.waiting(),
-            "threads": self.queue.threads, "running": self.queue.running, "peak_running": self.queue.peak,
-            "watch_ms": self.watch_ms, "collections": [g["collections"] for g in gc.get_stats()],
-            "device_budget": self.queue.budget, "device_in_use": self.queue.in_use,
-            "pinned": self.pinning.status() if self.pinning is not None else None,
-            "labels_on_host": self.backend.host_labels.taken if self.backend.host_labels is not None else None,
-            "versions": self.versions,
-            "array_cache": {"entries": len(cache) if cache else 0, "bytes": cache.nbytes if cache else 0,
-                            "max_bytes": cache.max_bytes if cache else 0},
-        }
-
-    def _release(self, header):
-        return {}  # the handles were released by _handle
-
-    def _goodbye(self, header):
-        client = header.get("client")
-        state = self.clients.get(client)
-        released = self.clients.free(client, state, "goodbye", "said goodbye") if state is not None else 0
-        return {"released": released}
-
-    def _shutdown(self, header):
-        self._stopping.set()
-        return {}
-
-    #: op name -> quick op, answered by the reading thread itself; the work ops are :data:`.dispatch.WORK`
-    QUICK = {"hello": _hello, "attach": _attach, "ping": _ping, "status": _status, "release": _release,
-             "goodbye": _goodbye, "shutdown": _shutdown}
 
 
 def _segment_size(attachment, segment):
