@@ -86,7 +86,7 @@ _device_memory_option = click.option(
               help="Requests one client may have waiting; more are refused at once.")
 @click.option("--max-frame-mb", default=W["max_frame_mb"], type=click.FloatRange(1),
               help="MiB in one frame of a message (a longer frame closes the connection; clients split "
-                   "longer arrays).")
+                   "longer arrays); on TCP at most 1.")
 @click.option("--array-cache-mb", default=W["array_cache_mb"], type=click.FloatRange(0),
               help="MiB of arrays kept for clients (all together), so that an array a client sends again "
                    "(GridSearchCV's folds) does not travel again. 0: keep none.")

@@ -97,7 +97,7 @@ WORKER_DEFAULTS = {
     "client_timeout": 10.0,
     # requests one client may have waiting; more are refused at once
     "max_queued": 64,
-    # MiB in one frame of a message; longer arrays travel as several frames
+    # MiB in one frame of a message; longer arrays travel as several frames (on TCP at most 1 MiB)
     "max_frame_mb": 1024.0,
     # MiB of arrays kept for clients (all together), so that a repeated array travels once
     "array_cache_mb": 1024.0,
