@@ -12,11 +12,9 @@ tests/test_trust.py.
 """
 
 import os
-import shutil
 import stat
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -776,12 +774,10 @@ def test_another_user_cannot_ring_the_doorbell(ringing_worker, other_user):
     assert run.stdout.split() == ["REFUSED"], run
 
 
-def test_a_client_never_rings_a_socket_another_user_put_where_the_doorbell_should_be(other_user):
+def test_a_client_never_rings_a_socket_another_user_put_where_the_doorbell_should_be(other_user, shared_folder):
     """A ring names a client and its request slot. Another local user who binds a socket (writable by all) at
     the path a client is told to ring gets nothing from it: the client rings only a socket of its own user."""
-    folder = Path(tempfile.mkdtemp(dir="/tmp"))  # a folder both users reach (pytest's own is the owner's alone)
-    os.chmod(folder, 0o1777)
-    path = folder / "worker.bell"
+    path = shared_folder() / "worker.bell"  # a folder both users reach (pytest's own is the owner's alone)
     listener = ("import os, socket, sys\nbell = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)\n"
                 "bell.bind(sys.argv[1]); os.chmod(sys.argv[1], 0o777); print('READY', flush=True)\n"
                 "bell.settimeout(3)\ntry:\n    print('GOT', bell.recv(256))\nexcept TimeoutError:\n"
@@ -800,7 +796,6 @@ def test_a_client_never_rings_a_socket_another_user_put_where_the_doorbell_shoul
     finally:
         process.kill()
         process.wait()
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_a_ring_to_a_worker_that_is_gone_neither_raises_nor_kills(tmp_path):
