@@ -102,9 +102,11 @@ def test_probe_reports_the_environment_and_makes_folders(tmp_path):
     source = wsl.probe_source(Path(wsl.__file__).with_name("probe_script.py").read_text(),
                               {"cuml": True, "gpu": True, "mkdirs": [str(tmp_path / "a" / "b")],
                                "wslpath": ["C:\\Users"]})
-    out = subprocess.run(wsl.python_code_argv(sys.executable, source), capture_output=True, text=True,
-                         check=True, cwd=tmp_path).stdout
+    hostile_umask = "import os; os.umask(0); "  # the folders it makes, parents included, are private anyway
+    argv = wsl.python_code_argv(sys.executable, hostile_umask + source)
+    out = subprocess.run(argv, capture_output=True, text=True, check=True, cwd=tmp_path).stdout
     report = json.loads(out.strip().splitlines()[-1])
+    assert (tmp_path / "a").stat().st_mode & 0o777 == 0o700 and (tmp_path / "a" / "b").stat().st_mode & 0o777 == 0o700
     assert report["versions"]["sklearn_gpu_bridge"] and report["versions"]["numpy"]
     assert "cuml" in report["versions"] or "cuml" in report["errors"]
     assert (tmp_path / "a" / "b").is_dir() and report["mkdirs"] == {str(tmp_path / "a" / "b"): None}

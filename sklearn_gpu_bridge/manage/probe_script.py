@@ -85,6 +85,7 @@ def main(params):
         out["gpus"], out["gpu_error"] = _gpus()
     out["wslpath"] = {p: _wslpath(p) for p in params.get("wslpath", [])}
     out["mkdirs"] = {}
+    os.umask(0o077)  # makedirs gives its mode to the last folder only: the parents it makes are private too
     for path in params.get("mkdirs", []):
         path = os.path.expanduser(path)
         try:
