@@ -46,8 +46,9 @@ class Link:
         # connection that is gone. Random, never sent to anyone, and not starting with 0 (ZeroMQ's own)
         self.socket.routing_id = b"\x01" + os.urandom(15)
         self.events = self.socket.get_monitor_socket(
-            zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
-        self._unproven = False  # the connection closed during its handshake: it carried nothing yet
+            zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_HANDSHAKE_SUCCEEDED
+            | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
+        self._proven = False  # the current connection finished its handshake: it may carry messages
         self.socket.connect(info.address)  # after the monitor: no event is missed
         self.pinger = None
         self.copies = 0  # ZeroMQ copies of replies already read from the pool, not yet dropped
@@ -111,19 +112,21 @@ class Link:
 
         ZeroMQ retries a refused connect every 100 ms, so a worker that died
         between two requests is known within that, not after a heartbeat timeout.
-        A connection closed during its handshake (a TCP worker closes the oldest
-        when too many are in flight: a flood) carried no message: what waits is
-        sent on the next connection, which ZeroMQ makes at once; not a loss.
+        A connection closed before its handshake finished (a TCP worker closes the
+        oldest when too many are in flight: a flood) carried no message: what waits
+        is sent on the next connection, which ZeroMQ makes at once; not a loss. A
+        handshake the worker refused (credentials that do not match) is one.
         """
         dropped = False
         while message_waits(self.events):
             event = recv_monitor_message(self.events)["event"]
-            if event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
-                self._unproven = True
-            elif event == zmq.EVENT_DISCONNECTED and self._unproven:
-                self._unproven = False
-            else:
-                dropped |= event in (zmq.EVENT_DISCONNECTED, zmq.EVENT_CONNECT_RETRIED)
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self._proven = True
+            elif event == zmq.EVENT_DISCONNECTED:
+                dropped |= self._proven
+                self._proven = False
+            else:  # a refused connect, refused credentials
+                dropped = True
         return dropped
 
     def ping_socket(self):
