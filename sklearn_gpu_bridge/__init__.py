@@ -4,6 +4,8 @@ Importing the package is cheap: the settings and errors load now; the
 ``GPU*`` wrappers (and with them scikit-learn and ZeroMQ) load on first use.
 """
 
+import os as _os
+
 from .config import config_context, get_config, set_config
 from .errors import (
     BridgeError,
@@ -16,6 +18,13 @@ from .errors import (
     WorkerUnavailable,
 )
 from .version import __version__ as __version__
+
+# Imported in place from a checkout (``python -m ...`` in the repository's root puts it first on sys.path): its
+# worker/ and shm/ folders sit beside this one, where an install puts them inside (pyproject's package-dir).
+_root = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
+if not _os.path.isdir(_os.path.join(__path__[0], "shm")) and all(
+        _os.path.isfile(_os.path.join(_root, *parts)) for parts in (("pyproject.toml",), ("shm", "__init__.py"))):
+    __path__.append(_root)
 
 _FROM_CLIENT = ("get_connection", "reset_connection")
 

@@ -204,3 +204,18 @@ def test_one_table_of_defaults():
     worker = inspect.signature(Worker).parameters
     for name in set(WORKER_DEFAULTS) - {"backend", "device_memory", "log_level"}:  # the backend's, the log's
         assert worker[name].default == WORKER_DEFAULTS[name], name
+
+
+def test_a_checkout_imports_in_place_worker_and_shm_included():
+    """``python -m sklearn_gpu_bridge.accel script.py`` in the repository's root imports the checkout itself (the
+    current folder comes first on sys.path), whose worker/ and shm/ sit beside the package's folder. Run without
+    site (``-S``), so that no installed or editable copy of the package answers instead."""
+    import numpy
+
+    libraries = str(Path(numpy.__file__).parent.parent)  # numpy, msgpack ...: the test environment's own
+    code = (f"import sys; sys.path[:0] = [{str(ROOT)!r}, {libraries!r}]; "
+            "import json, sklearn_gpu_bridge.shm.pool as pool, sklearn_gpu_bridge.worker.dispatch as dispatch; "
+            "print(json.dumps([pool.__file__, dispatch.__file__]))")
+    run = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout) == [str(ROOT / "shm" / "pool.py"), str(ROOT / "worker" / "dispatch.py")]
