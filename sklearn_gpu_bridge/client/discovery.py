@@ -18,10 +18,10 @@ import time
 from ..catalogue import is_cuml_alias, real_cuml_importable
 from ..config import ENV_CONNECTION_FILE, ENV_PREFIX, get_config, get_setting
 from ..errors import ConfigurationError, WorkerUnavailable, warn_at_caller
-from ..manage.local_worker import ensure_local_worker, is_local_connection_file, owner_pid
+from ..manage.local_worker import ensure_local_worker, is_local_connection_file, local_connection_file, owner_pid
 from ..manage.transport_select import client_transport
 from ..runtime.connection_file import default_connection_file, read_connection_file, start_hint
-from ..runtime.private_files import pid_alive, runtime_folder
+from ..runtime.private_files import pid_alive
 from ..transport.inprocess import InProcessTransport
 from .connection import Connection, connect
 
@@ -156,7 +156,7 @@ def _unconfigured_at_hand():
 def _local_worker_runs():
     """Whether the local worker of this process tree runs (named by its owner's pid, as local_worker names it)."""
     try:
-        pid = read_connection_file(runtime_folder() / f"local-{owner_pid()}.json").pid
+        pid = read_connection_file(local_connection_file(owner_pid())).pid
     except (OSError, ConfigurationError):
         return False
     return pid_alive(pid)

@@ -37,6 +37,11 @@ def is_local_connection_file(path):
     return _NAME.match(path.name) is not None and path.parent == runtime_folder()
 
 
+def local_connection_file(owner):
+    """The connection file of the local worker of ``owner``'s process tree (there or not)."""
+    return runtime_folder() / f"local-{owner}.json"
+
+
 def owner_pid():
     """This process, or its parent when it is a multiprocessing/loky child."""
     parent = multiprocessing.parent_process()
@@ -62,7 +67,7 @@ def ensure_local_worker(backend, startup_timeout, preferred=None):
     else:
         owner = owner_pid()
         folder = runtime_folder()
-        path, process = folder / f"local-{owner}.json", None
+        path, process = local_connection_file(owner), None
         try:
             with ExclusiveLock(folder / f"local-{owner}.lock", startup_timeout, "the local worker's start lock"):
                 if not _running(path):

@@ -25,7 +25,16 @@ from dataclasses import replace
 import zmq
 
 from ..config import DEFAULTS
-from ..errors import CacheMiss, ProtocolError, VersionMismatch, WorkerLost, WorkerUnavailable, rebuild, warning_class
+from ..errors import (
+    CacheMiss,
+    ProtocolError,
+    VersionMismatch,
+    WorkerLost,
+    WorkerUnavailable,
+    caller_stacklevel,
+    rebuild,
+    warning_class,
+)
 from ..protocol import POOL_INLINE_MAX, PROTOCOL_VERSION, Capabilities, Decoder, Encoder, KnownArrays, Session, new_id
 from ..protocol.session import MAX_FRAMES
 from ..runtime.connection_file import start_hint
@@ -218,8 +227,7 @@ class RemoteTransport(FastPath, Transport):
         if reply["op"] == "error":
             raise rebuild(reply)
         for module, category, message in reply.get("warnings", ()):
-            from ..errors import caller_stacklevel  # the user's line, past the bridge and scikit-learn
-
+            # the user's line, past the bridge, scikit-learn and joblib
             warnings.warn(message, warning_class(module, category), stacklevel=caller_stacklevel())
         return reply, reply_buffers
 
