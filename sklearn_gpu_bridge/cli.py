@@ -94,6 +94,9 @@ _device_memory_option = click.option(
               help="Milliseconds a worker thread keeps watching for the next request of a client on this host "
                    "that spins for its replies (one core busy meanwhile, only while the worker has nothing else "
                    "to do); then it sleeps, and the client rings to wake it. 0: sleep at once.")
+@click.option("--idle-exit", default=W["idle_exit"], type=click.FloatRange(0),
+              help="Seconds without any client after which the worker stops by itself (a local worker kept warm "
+                   "between scripts); with a connection file, it takes the start lock beside it first. 0: never.")
 @click.option("--log-level", default=W["log_level"], type=LOG_LEVELS)
 def worker(backend: str, device_memory: str, connection_file: str, parent_pid: int | None, log_level: str,
            **settings: Any) -> None:
@@ -250,7 +253,7 @@ def _users_note(result: dict[str, Any]) -> str:
             "      (set_config(connection_file=...) or SKLEARN_GPU_BRIDGE_CONNECTION_FILE); others do not.")
 
 
-@main.command(short_help="Stop the background worker. Exit code 0 also if none ran.")
+@main.command(short_help="Stop the background (or warm local) worker. Exit code 0 also if none ran.")
 @_connection_file_option
 @click.option("--timeout", default=15.0, type=click.FloatRange(0),
               help="Seconds to wait for a clean stop before signals.")
@@ -276,7 +279,7 @@ def stop(connection_file: str | None, timeout: float) -> None:
         click.echo(f"its log is kept: {result['log_file']}")
 
 
-@main.command(short_help="Show the background worker. Exit code 0: running, 1: not.")
+@main.command(short_help="Show the background (or warm local) worker. Exit code 0: running, 1: not.")
 @_connection_file_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (for scripts).")
 def status(connection_file: str | None, as_json: bool) -> None:

@@ -41,6 +41,8 @@ DEFAULTS = {
     "pool_directory": None,
     # seconds to wait for a local worker to become ready (cuML warms up for a while)
     "startup_timeout": 300.0,
+    # seconds a local worker stays after its last client, warm for the next script; 0: it stops with its process
+    "local_worker_idle": 600.0,
     # seconds without an answer to a ping before a worker is declared lost
     "heartbeat_timeout": 3.0,
     # how bulk arrays travel: auto (the fastest `doctor`/`start` measured, else the pool) | pool | frames
@@ -67,6 +69,8 @@ DEFAULTS = {
     "reply_wait": "auto",
     # this client's CurveZMQ secret key file for a worker beyond loopback; None: derived from the signing key
     "curve_secret_key": None,
+    # joblib's searches whose fits all run on a worker use threads, where no backend is chosen: auto | off
+    "search_threads": "auto",
 }
 
 #: the values of the worker setting ``device_memory`` (worker.backends.use_device_memory)
@@ -101,6 +105,8 @@ WORKER_DEFAULTS = {
     "max_frame_mb": 1024.0,
     # MiB of arrays kept for clients (all together), so that a repeated array travels once
     "array_cache_mb": 1024.0,
+    # seconds without any client after which the worker stops by itself; 0: never
+    "idle_exit": 0.0,
     # DEBUG | INFO | WARNING | ERROR
     "log_level": "INFO",
 }

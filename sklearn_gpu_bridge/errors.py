@@ -14,6 +14,7 @@ Shared by both sides: imports nothing of the package.
 
 import importlib
 import sys
+import threading
 import traceback
 import warnings
 from collections.abc import Callable, Mapping
@@ -188,8 +189,30 @@ def caller_stacklevel() -> int:
         level += 1
 
 
+#: top-level modules of the threads a search runs its fits in (joblib's threading backend)
+THREAD_POOLS = frozenset({"threading", "concurrent", "multiprocessing"})
+
+
+def _users_line_elsewhere():
+    """(filename, line, globals) of the user's line in the main thread, where this thread runs none of the
+    user's code (a search's thread, whose fits the main thread waits for in the user's ``fit``); else None."""
+    main = threading.main_thread()
+    if threading.current_thread() is main:
+        return None
+    frame = sys._getframe(2)
+    while frame is not None:
+        if _top_module(frame) not in PASSED_OVER | THREAD_POOLS and not _internal(frame):
+            return None  # a thread of the user's own: its line is here
+        frame = frame.f_back
+    frame = sys._current_frames().get(main.ident)
+    while frame is not None and (_top_module(frame) in PASSED_OVER | THREAD_POOLS or _internal(frame)):
+        frame = frame.f_back
+    return None if frame is None else (frame.f_code.co_filename, frame.f_lineno, frame.f_globals)
+
+
 def warn_at_caller(message: str, category: type[Warning] = BridgeWarning) -> None:
-    """``warnings.warn(message, category)`` at the user's line (:func:`caller_stacklevel`).
+    """``warnings.warn(message, category)`` at the user's line (:func:`caller_stacklevel`); in a search's
+    thread, at the line of the main thread's that waits for it.
 
     Parameters
     ----------
@@ -198,4 +221,11 @@ def warn_at_caller(message: str, category: type[Warning] = BridgeWarning) -> Non
     category : type of Warning, default BridgeWarning
         The warning's class: the bridge's own, or a worker's warning's own (:func:`warning_class`).
     """
-    warnings.warn(message, category, stacklevel=caller_stacklevel())
+    elsewhere = _users_line_elsewhere()
+    if elsewhere is None:
+        warnings.warn(message, category, stacklevel=caller_stacklevel())
+        return
+    filename, line, module_globals = elsewhere
+    warnings.warn_explicit(message, category, filename, line, module=module_globals.get("__name__"),
+                           registry=module_globals.setdefault("__warningregistry__", {}),
+                           module_globals=module_globals)

@@ -35,6 +35,16 @@ from sklearn_gpu_bridge.protocol import Session, new_id
 from sklearn_gpu_bridge.runtime.keys import secure
 
 BACKEND = os.environ.get("SKLEARN_GPU_BRIDGE_TEST_BACKEND", "sklearn")
+#: the local workers the suite starts stop with their process tree: none stays warm after the suite
+LOCAL_WORKER_IDLE = "SKLEARN_GPU_BRIDGE_LOCAL_WORKER_IDLE"
+os.environ[LOCAL_WORKER_IDLE] = "0"
+
+
+def bare_env(*drop, **extra):
+    """The environment without this package's settings (as a new user's), less ``drop``, plus ``extra``; its
+    local workers still stop with their process tree unless ``extra`` says otherwise."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SKLEARN_GPU_BRIDGE_") and k not in drop}
+    return {**env, LOCAL_WORKER_IDLE: "0", **extra}
 
 
 def _has_cuml():

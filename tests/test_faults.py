@@ -28,7 +28,7 @@ import sklearn_gpu_bridge
 from sklearn_gpu_bridge import GPUPCA, GPUSVC, GPUStandardScaler, WorkerLost
 from sklearn_gpu_bridge.runtime.private_files import pid_alive
 
-from .conftest import BACKEND, RawClient, WorkerProcess, assert_same, own_worker, record, wait_until
+from .conftest import BACKEND, RawClient, WorkerProcess, assert_same, bare_env, own_worker, record, wait_until
 
 LOST_WITHIN = 3.0  # seconds from SIGKILL to WorkerLost that the issue asks for
 CPU_ONLY = pytest.mark.skipif(BACKEND != "sklearn", reason="needs a fit of seconds; cuML is too fast for that here")
@@ -272,7 +272,7 @@ _LOCAL_RESTART_SCRIPT = textwrap.dedent("""
 
 @CPU_ONLY
 def test_local_worker_restarts_by_itself_after_being_killed(tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SKLEARN_GPU_BRIDGE_")}
+    env = bare_env()
     env.update(SKLEARN_GPU_BRIDGE_LOCAL_BACKEND="sklearn", XDG_RUNTIME_DIR=str(tmp_path))
     run = subprocess.run([sys.executable, "-c", _LOCAL_RESTART_SCRIPT], capture_output=True, text=True, env=env,
                          timeout=240, cwd=tmp_path)

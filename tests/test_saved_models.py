@@ -11,7 +11,6 @@
 
 import io
 import json
-import os
 import pickle
 import shutil
 import subprocess
@@ -30,7 +29,7 @@ from sklearn.svm import SVC
 from sklearn_gpu_bridge import GPUSVC, GPULogisticRegression, GPUStandardScaler
 from sklearn_gpu_bridge.portable import CumlLikeSVC
 
-from .conftest import BACKEND, assert_same
+from .conftest import BACKEND, assert_same, bare_env
 
 X, Y = load_iris(return_X_y=True)
 LABELS = np.array(["setosa", "versicolor", "virginica"])[Y]
@@ -70,7 +69,7 @@ def _fresh_process(tmp_path, model, *options, **env):
     temporary HOME and XDG_RUNTIME_DIR); what it reports, and its answers (None where it raised)."""
     path = tmp_path / "model.joblib"
     joblib.dump((model, X), path)
-    base = {k: v for k, v in os.environ.items() if not k.startswith("SKLEARN_GPU_BRIDGE_")}
+    base = bare_env()
     base.update(HOME=str(tmp_path), XDG_RUNTIME_DIR=str(tmp_path / "run"), SKLEARN_GPU_BRIDGE_LOCAL_BACKEND="sklearn")
     (tmp_path / "run").mkdir(mode=0o700, exist_ok=True)
     run = subprocess.run([sys.executable, "-c", _LOAD_AND_PREDICT, str(path), *options], capture_output=True, text=True,

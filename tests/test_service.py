@@ -28,9 +28,11 @@ from sklearn_gpu_bridge.protocol import PROTOCOL_VERSION
 from sklearn_gpu_bridge.runtime.connection_file import read_connection_file
 from sklearn_gpu_bridge.runtime.private_files import exited, pid_alive
 
+from .conftest import bare_env
+
 
 def _env(home):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SKLEARN_GPU_BRIDGE_")}
+    env = bare_env()
     env.update(HOME=str(home), XDG_RUNTIME_DIR=str(home))
     return env
 

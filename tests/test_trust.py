@@ -39,7 +39,7 @@ from sklearn_gpu_bridge.runtime.keys import PLAIN_USER, secure
 from sklearn_gpu_bridge.runtime.private_files import pid_alive
 from sklearn_gpu_bridge.shm import default_directory
 
-from .conftest import BACKEND, RawClient, WorkerProcess, assert_same, own_worker, record, wait_until
+from .conftest import BACKEND, RawClient, WorkerProcess, assert_same, bare_env, own_worker, record, wait_until
 
 REPLY_MS = 60_000
 CPU_ONLY = pytest.mark.skipif(BACKEND != "sklearn", reason="the slow fits these use are slow on the CPU backend")
@@ -53,7 +53,7 @@ def _rss_mb(pid):
 
 
 def _client_env(**extra):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SKLEARN_GPU_BRIDGE_") and k != "XDG_RUNTIME_DIR"}
+    env = bare_env("XDG_RUNTIME_DIR")
     env.update(SKLEARN_GPU_BRIDGE_LOCAL_BACKEND="sklearn", **extra)
     return env
 

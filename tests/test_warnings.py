@@ -9,7 +9,6 @@
   and processes started after it do not repeat it.
 """
 
-import os
 import pickle
 import subprocess
 import sys
@@ -26,7 +25,7 @@ import sklearn_gpu_bridge
 from sklearn_gpu_bridge import GPULogisticRegression, GPUStandardScaler
 from sklearn_gpu_bridge.estimators import base
 
-from .conftest import BACKEND, _has_cuml, use_worker
+from .conftest import BACKEND, _has_cuml, bare_env, use_worker
 
 X, Y = load_iris(return_X_y=True)
 
@@ -133,9 +132,11 @@ def test_a_pickle_of_another_version_warns_at_the_line_that_loads_it(monkeypatch
 
 
 _FIRST_FIVE_MINUTES = textwrap.dedent("""\
+    import contextlib
     import subprocess
     import sys
 
+    import joblib
     from sklearn.datasets import load_iris
     from sklearn.model_selection import GridSearchCV
     from sklearn.pipeline import make_pipeline
@@ -145,7 +146,8 @@ _FIRST_FIVE_MINUTES = textwrap.dedent("""\
     X, y = load_iris(return_X_y=True)
     search = GridSearchCV(make_pipeline(GPUStandardScaler(), GPULogisticRegression()),
                           {"gpulogisticregression__C": [0.5, 1.0]}, cv=2, n_jobs=2)
-    search.fit(X, y)
+    with contextlib.nullcontext() if sys.argv[1] == "default" else joblib.parallel_config(backend=sys.argv[1]):
+        search.fit(X, y)
     GPUStandardScaler().fit(X)
     subprocess.run([sys.executable, "-c", "from sklearn_gpu_bridge import GPUStandardScaler; "
                     "GPUStandardScaler().fit([[0.0], [1.0]])"], check=True)
@@ -153,20 +155,22 @@ _FIRST_FIVE_MINUTES = textwrap.dedent("""\
 
 
 @pytest.mark.skipif(_has_cuml(), reason="with cuML a local worker runs on the GPU: there is no CPU notice")
-def test_the_cpu_notice_is_given_once_per_process_tree_at_the_users_line(tmp_path):
-    """No worker configured and no cuML: the local worker runs scikit-learn, and the user is told so once,
-    by the parent, although joblib's children use the worker first and a process it starts uses it too."""
+@pytest.mark.parametrize("backend", ["default", "loky"])
+def test_the_cpu_notice_is_given_once_per_process_tree_at_the_users_line(tmp_path, backend):
+    """No worker configured and no cuML: the local worker runs scikit-learn, and the user is told so once, at
+    the line of the search, although the search's threads (or joblib's children) use the worker first and a
+    process it starts uses it too."""
     script = tmp_path / "first_five_minutes.py"
     script.write_text(_FIRST_FIVE_MINUTES)
     (tmp_path / "run").mkdir(mode=0o700)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SKLEARN_GPU_BRIDGE_")}
+    env = bare_env()
     env.update(SKLEARN_GPU_BRIDGE_LOCAL_BACKEND="auto", XDG_RUNTIME_DIR=str(tmp_path / "run"), HOME=str(tmp_path))
     env.pop("PYTHONWARNINGS", None)
-    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300,
+    run = subprocess.run([sys.executable, str(script), backend], capture_output=True, text=True, env=env, timeout=300,
                          cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     notices = [line for line in run.stderr.splitlines() if "running on scikit-learn (CPU)" in line]
     assert len(notices) == 1, run.stderr
-    line = _FIRST_FIVE_MINUTES.splitlines().index("search.fit(X, y)") + 1
+    line = _FIRST_FIVE_MINUTES.splitlines().index("    search.fit(X, y)") + 1
     assert notices[0].startswith(f"{script}:{line}: BridgeWarning: sklearn-gpu-bridge: running on scikit-learn"), \
         notices[0]

@@ -24,7 +24,7 @@ from sklearn_gpu_bridge.protocol import PROTOCOL_VERSION
 from sklearn_gpu_bridge.runtime.connection_file import ConnectionInfo, new_key, write_connection_file
 from sklearn_gpu_bridge.runtime.private_files import pid_alive
 
-from .conftest import BACKEND, WorkerProcess, assert_same, use_worker, wait_until
+from .conftest import BACKEND, WorkerProcess, assert_same, bare_env, use_worker, wait_until
 
 
 def _long_fit_data():
@@ -148,6 +148,7 @@ def test_local_worker_is_started_shared_with_joblib_children_and_stopped(tmp_pat
     """No worker configured: the first call starts one; n_jobs=2 children use it; exit stops it."""
     script = textwrap.dedent("""
         import json, warnings
+        import joblib
         import numpy as np
         from sklearn.datasets import load_iris
         from sklearn.model_selection import GridSearchCV
@@ -158,7 +159,8 @@ def test_local_worker_is_started_shared_with_joblib_children_and_stopped(tmp_pat
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             pipe = Pipeline([("sc", GPUStandardScaler()), ("svm", GPUSVC())])
-            GridSearchCV(pipe, {"svm__C": [0.1, 1, 10]}, cv=3, n_jobs=2).fit(X, y)
+            with joblib.parallel_config(backend="loky"):  # processes, not the threads a search would use
+                GridSearchCV(pipe, {"svm__C": [0.1, 1, 10]}, cv=3, n_jobs=2).fit(X, y)
         connection = sklearn_gpu_bridge.get_connection()
         status = connection.status()
         print(json.dumps({
@@ -167,7 +169,7 @@ def test_local_worker_is_started_shared_with_joblib_children_and_stopped(tmp_pat
             "warnings": [str(w.message) for w in caught if "running on scikit-learn" in str(w.message)],
         }))
     """)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SKLEARN_GPU_BRIDGE_")}
+    env = bare_env()
     env.update(SKLEARN_GPU_BRIDGE_LOCAL_BACKEND="auto", XDG_RUNTIME_DIR=str(tmp_path))
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300,
                          cwd=tmp_path)

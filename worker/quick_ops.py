@@ -80,7 +80,7 @@ class QuickOps:
             "swept": dict(self.clients.swept), "rss": rss_bytes(), "page_faults": page_faults(),
             "queued": self.queue.waiting(),
             "threads": self.queue.threads, "running": self.queue.running, "peak_running": self.queue.peak,
-            "watch_ms": self.watch_ms, "collections": [g["collections"] for g in gc.get_stats()],
+            "watch_ms": self.watch_ms, "idle_exit": self.idle_exit, "collections": [g["collections"] for g in gc.get_stats()],
             "device_budget": self.queue.budget, "device_in_use": self.queue.in_use,
             "pinned": self.pinning.status() if self.pinning is not None else None,
             "labels_on_host": self.backend.host_labels.taken if self.backend.host_labels is not None else None,

@@ -52,7 +52,7 @@ from sklearn_gpu_bridge.runtime.connection_file import (
     write_connection_file,
 )
 from sklearn_gpu_bridge.runtime.keys import bind_hint, derived_client_pair, load_public, load_secret, plain_password
-from sklearn_gpu_bridge.runtime.private_files import pid_alive, socket_path
+from sklearn_gpu_bridge.runtime.private_files import ExclusiveLock, pid_alive, socket_path
 from sklearn_gpu_bridge.shm import default_directory
 from sklearn_gpu_bridge.version import __version__
 
@@ -138,7 +138,7 @@ class Worker(QuickOps, FastPath):
                  curve_secret_key=WORKER_DEFAULTS["curve_secret_key"], curve_allow=WORKER_DEFAULTS["curve_allow"],
                  client_timeout=WORKER_DEFAULTS["client_timeout"], max_queued=WORKER_DEFAULTS["max_queued"],
                  max_frame_mb=WORKER_DEFAULTS["max_frame_mb"], array_cache_mb=WORKER_DEFAULTS["array_cache_mb"],
-                 watch_ms=WORKER_DEFAULTS["watch_ms"]):
+                 watch_ms=WORKER_DEFAULTS["watch_ms"], idle_exit=WORKER_DEFAULTS["idle_exit"]):
         self.key, self.curve, self.curve_allowed = check_settings(
             bind=bind, key=key, key_file=key_file, curve_secret_key=curve_secret_key, curve_allow=curve_allow,
             watch_ms=watch_ms)
@@ -148,6 +148,8 @@ class Worker(QuickOps, FastPath):
         self.host, self.port = bind, port
         self.connection_file = connection_file
         self.parent_pid = parent_pid
+        self.idle_exit = float(idle_exit or 0)
+        self.last_message = time.monotonic()
         self.worker_id = new_id()
         self.session = Session(bytes.fromhex(self.key), me=self.worker_id)
         self.max_frame_bytes = int(max_frame_mb * (1 << 20))
@@ -245,10 +247,11 @@ class Worker(QuickOps, FastPath):
             self.handshakes.start()
 
     def serve_forever(self):
-        """Serve until SIGINT/SIGTERM, a shutdown request, or the parent's death.
+        """Serve until SIGINT/SIGTERM, a shutdown request, the parent's death, or ``idle_exit`` seconds
+        without clients.
 
         The executor threads take turns reading the socket (:meth:`_lead`, see :mod:`.scheduler`); this
-        thread watches the parent.
+        thread watches the parent and the idle time.
         """
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
@@ -267,8 +270,32 @@ class Worker(QuickOps, FastPath):
                 if self.parent_pid and not pid_alive(self.parent_pid):
                     log.info("parent process %d is gone; stopping", self.parent_pid)
                     break
+                if self.idle_exit and self._stopped_for_idleness():
+                    break
         finally:
             self.close()
+
+    def _idle(self):
+        return (len(self.clients) == 0 and not self.queue.busy()
+                and time.monotonic() - self.last_message > self.idle_exit)
+
+    def _stopped_for_idleness(self):
+        """After ``idle_exit`` s with no client and no message: stop, under the connection file's start lock
+        (a client holds it from finding this worker until it has connected), the file removed first."""
+        if not self._idle():
+            return False
+        if not self.connection_file:
+            log.info("no client for %.0f s; stopping", self.idle_exit)
+            return True
+        try:
+            with ExclusiveLock(Path(self.connection_file).with_suffix(".lock"), 0, "the start lock"):
+                if not self._idle():
+                    return False  # a client came while the lock was taken
+                log.info("no client for %.0f s; stopping", self.idle_exit)
+                Path(self.connection_file).unlink(missing_ok=True)
+                return True
+        except TimeoutError:
+            return False  # a client is finding this worker: look again in a second
 
     def close(self):
         with self._close_lock:
@@ -373,6 +400,7 @@ class Worker(QuickOps, FastPath):
         if owner is not None:
             self.counts["from_slot"] += 1
         op = header["op"]
+        self.last_message = arrived
         self.counts[op if op in WORK or op in self.QUICK else "unknown"] += 1
         client = header.get("client")
         if not isinstance(client, str):

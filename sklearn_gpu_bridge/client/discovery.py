@@ -2,7 +2,7 @@
 
 :func:`get_connection` is what the estimators call. It connects to the worker that the settings
 name (``connection_file``), else to the default connection file's worker, else to a local worker
-it starts (one per user process tree, :mod:`sklearn_gpu_bridge.manage.local_worker`); inside a
+it starts (kept warm for the next script, :mod:`sklearn_gpu_bridge.manage.local_worker`); inside a
 Dask worker that has cuML it runs cuML in this process instead (:func:`execution_mode`).
 :func:`connection_at_hand` is the same without starting a worker: a loaded model that can answer
 in process asks it.
@@ -18,7 +18,13 @@ import time
 from ..catalogue import is_cuml_alias, real_cuml_importable
 from ..config import ENV_CONNECTION_FILE, ENV_PREFIX, get_config, get_setting
 from ..errors import ConfigurationError, WorkerUnavailable, warn_at_caller
-from ..manage.local_worker import ensure_local_worker, is_local_connection_file, local_connection_file, owner_pid
+from ..manage.local_worker import (
+    is_local_connection_file,
+    local_connection_file,
+    local_worker,
+    owner_pid,
+    running_local_worker,
+)
 from ..manage.transport_select import client_transport
 from ..runtime.connection_file import default_connection_file, read_connection_file, start_hint
 from ..runtime.private_files import pid_alive
@@ -115,7 +121,7 @@ def connection_at_hand() -> Connection | None:
     At hand are: the connection this process holds; the worker configured (the ``connection_file``
     setting, or ``SKLEARN_GPU_BRIDGE_CONNECTION_FILE``, which joblib's children inherit) and execution in
     process, both as :func:`get_connection` gives them, errors included; the default connection file's
-    worker, if it answers; the local worker of this process tree (its parent's or a sibling's), if it
+    worker, if it answers; the local worker this process would use (a warm one, its parent's), if it
     runs. None where there is none of these: a loaded model then answers in process with its portable
     form, rather than wait seconds for a local worker to start.
     """
@@ -154,12 +160,10 @@ def _unconfigured_at_hand():
 
 
 def _local_worker_runs():
-    """Whether the local worker of this process tree runs (named by its owner's pid, as local_worker names it)."""
-    try:
-        pid = read_connection_file(local_connection_file(owner_pid())).pid
-    except (OSError, ConfigurationError):
-        return False
-    return pid_alive(pid)
+    """Whether the local worker this process would use runs."""
+    config = get_config()
+    path = local_connection_file(config["local_backend"], config["local_worker_idle"])
+    return running_local_worker(path) is not None
 
 
 def heads_up() -> None:
@@ -206,16 +210,23 @@ def _connect_in_process():
 
 def _connect():
     config = get_config()
-    path, process = config["connection_file"], None
+    path = config["connection_file"]
     if path is None and default_connection_file().exists():
         path = default_connection_file()
-    if path is None or is_local_connection_file(path):
-        if path is None and not config["start_local_worker"]:
-            raise WorkerUnavailable(
-                f"no worker is configured and start_local_worker is off; {start_hint(default_connection_file())}"
-            )
-        path, process = ensure_local_worker(config["local_backend"], config["startup_timeout"], preferred=path)
-        os.environ[ENV_CONNECTION_FILE] = str(path)  # children started from now on find it at once
+    if path is not None and not is_local_connection_file(path):
+        return _connect_to(path, config)
+    if path is None and not config["start_local_worker"]:
+        raise WorkerUnavailable(
+            f"no worker is configured and start_local_worker is off; {start_hint(default_connection_file())}"
+        )
+    with local_worker(config["local_backend"], config["startup_timeout"], config["local_worker_idle"],
+                      preferred=path) as (path, process):
+        conn = _connect_to(path, config, process)
+    os.environ[ENV_CONNECTION_FILE] = str(path)  # children started from now on find it at once
+    return conn
+
+
+def _connect_to(path, config, process=None):
     try:
         info = read_connection_file(path)
     except FileNotFoundError:

@@ -35,7 +35,10 @@ from sklearn.utils.validation import check_is_fitted
 
 from ..catalogue import lookup
 from . import methods as m
+from . import search_threads
 from .base import RemoteEstimator
+
+search_threads.install()
 
 #: every wrapper built, by class name (tests and docs walk it)
 WRAPPERS = {}

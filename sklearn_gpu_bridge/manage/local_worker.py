@@ -1,13 +1,23 @@
 """The local worker: started for the client when no worker is configured.
 
-One per user process tree. The process that calls first starts a worker
-(:mod:`.launcher`) with this interpreter and waits for its connection file.
-The file's name is keyed by the *owner*: the process itself, or, in a
-joblib/multiprocessing child, its parent. So when ``GridSearchCV(n_jobs=2)``
-makes its first fits in two children, they find (or start, under a lock)
-the one worker of their parent instead of one each. The worker stops when
-its owner exits: the owner stops it at exit, and the worker also watches
-the owner's pid.
+The process that calls first starts a worker (:mod:`.launcher`) with this
+interpreter and waits for its connection file; the others find that file.
+Its name says which worker it is:
+
+- ``local-warm-<tag>.json`` (``local_worker_idle`` > 0, the default): one
+  worker per user, interpreter, backend and worker environment (``tag``),
+  shared by every script of theirs. It outlives its clients: it stops by
+  itself after ``local_worker_idle`` seconds without any, so the next script
+  within that while finds it warm (cuML imported, the GPU set up) instead of
+  paying seconds for its first call. ``sklearn-gpu-bridge stop`` ends it.
+- ``local-<pid>.json`` (``local_worker_idle`` = 0): one per process tree,
+  keyed by the process that owns it (the process itself, or in a
+  joblib/multiprocessing child, its parent), stopped when that process exits.
+
+Either way ``GridSearchCV(n_jobs=2)``'s children find their parent's worker
+(or start it, under a lock) instead of one each. A warm worker takes the
+same lock before it stops, so a client that has just found it is never left
+without one.
 
 Its files live in this user's private runtime folder
 (:func:`sklearn_gpu_bridge.runtime.private_files.runtime_folder`), which is also
@@ -16,18 +26,27 @@ there nor redirect its log.
 """
 
 import atexit
+import hashlib
+import logging
 import multiprocessing
 import os
 import re
 import signal
+import sys
+from contextlib import contextmanager
 from pathlib import Path
 
+from ..config import WORKER_ENV_PREFIX
 from ..errors import ConfigurationError, WorkerUnavailable
+from ..progress import waiting
 from ..runtime.connection_file import read_connection_file
 from ..runtime.private_files import ExclusiveLock, pid_alive, runtime_folder, terminate
+from ..version import __version__
 from .launcher import spawn, wait_ready, worker_argv
 
-_NAME = re.compile(r"^local-(\d+)\.json$")
+log = logging.getLogger(__name__)
+
+_NAME = re.compile(r"^local-(\d+|warm-[0-9a-f]{12})\.json$")
 _stopped_at_exit = set()
 _started = {}  # connection file -> Popen of the worker this process started there last
 
@@ -37,9 +56,24 @@ def is_local_connection_file(path):
     return _NAME.match(path.name) is not None and path.parent == runtime_folder()
 
 
-def local_connection_file(owner):
-    """The connection file of the local worker of ``owner``'s process tree (there or not)."""
-    return runtime_folder() / f"local-{owner}.json"
+def warm_tag(backend):
+    """What a warm worker must share with the client that reuses it: interpreter, version, backend, and the
+    environment the worker reads (its options, the GPUs it sees)."""
+    env = sorted((k, v) for k, v in os.environ.items()
+                 if k.startswith(WORKER_ENV_PREFIX) or k == "CUDA_VISIBLE_DEVICES")
+    text = repr((os.path.realpath(sys.executable), __version__, backend, env))
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def local_connection_file(backend, idle):
+    """The connection file of the local worker this process would use (there or not)."""
+    name = f"warm-{warm_tag(backend)}" if idle > 0 else str(owner_pid())
+    return runtime_folder() / f"local-{name}.json"
+
+
+def warm_connection_files():
+    """The connection files of this user's warm local workers (any interpreter or backend)."""
+    return sorted(runtime_folder().glob("local-warm-*.json"))
 
 
 def owner_pid():
@@ -48,7 +82,7 @@ def owner_pid():
     return parent.pid if parent is not None else os.getpid()
 
 
-def _running(path):
+def running_local_worker(path):
     """The worker pid in a connection file, if that worker is alive."""
     try:
         pid = read_connection_file(path).pid
@@ -60,29 +94,49 @@ def _running(path):
     return pid if pid_alive(pid) else None
 
 
-def ensure_local_worker(backend, startup_timeout, preferred=None):
-    """(connection file, Popen or None) of a running local worker, starting one if needed."""
-    if preferred is not None and _running(preferred):
-        path, process = Path(preferred), None
+@contextmanager
+def local_worker(backend, startup_timeout, idle, preferred=None):
+    """Yield (connection file, Popen or None) of a running local worker, starting one if needed.
+
+    The start lock is held while the ``with`` block runs: a warm worker about to stop for idleness takes
+    it too, so it cannot stop between this process finding it and connecting to it.
+    """
+    if preferred is not None and running_local_worker(preferred):
+        path = Path(preferred)
     else:
-        owner = owner_pid()
-        folder = runtime_folder()
-        path, process = local_connection_file(owner), None
-        try:
-            with ExclusiveLock(folder / f"local-{owner}.lock", startup_timeout, "the local worker's start lock"):
-                if not _running(path):
-                    path.unlink(missing_ok=True)
-                    argv = worker_argv(connection_file=path, backend=backend, parent_pid=owner)
-                    log_file = path.with_suffix(".log")
-                    process = spawn(argv, log_file, cwd=folder)
-                    _started[path] = process
-                    wait_ready(process, path, startup_timeout, log_file=log_file)
-        except TimeoutError as exc:
-            raise WorkerUnavailable(str(exc)) from None
-    if path.name == f"local-{os.getpid()}.json" and path not in _stopped_at_exit:
-        _stopped_at_exit.add(path)  # the owner stops it, whoever started it (and whichever restart runs)
+        path = local_connection_file(backend, idle)
+    lock = ExclusiveLock(path.with_suffix(".lock"), startup_timeout, "the local worker's start lock")
+    try:
+        with lock:
+            process = None
+            if not running_local_worker(path):
+                process = _start(path, backend, startup_timeout, idle)
+            _stop_with_owner(path, idle)
+            yield path, process
+    except TimeoutError as exc:
+        raise WorkerUnavailable(str(exc)) from None
+
+
+def _start(path, backend, startup_timeout, idle):
+    path.unlink(missing_ok=True)
+    warm = idle > 0
+    options = {"idle_exit": idle} if warm else {}
+    argv = worker_argv(connection_file=path, backend=backend, parent_pid=None if warm else owner_pid(), **options)
+    log_file = path.with_suffix(".log")
+    log.info("starting a local worker (%s); its log: %s", backend, log_file)
+    # a warm worker outlives this process: in a session of its own, a Ctrl-C here does not reach it
+    process = spawn(argv, log_file, cwd=path.parent, detached=warm)
+    _started[path] = process
+    with waiting("starting a local worker (the first one loads cuML: seconds)"):
+        wait_ready(process, path, startup_timeout, log_file=log_file)
+    return process
+
+
+def _stop_with_owner(path, idle):
+    """A process tree's own worker is stopped when its owner exits, whoever started it."""
+    if idle <= 0 and path.name == f"local-{os.getpid()}.json" and path not in _stopped_at_exit:
+        _stopped_at_exit.add(path)
         atexit.register(_stop_at_exit, path)
-    return path, process
 
 
 def _stop_at_exit(path):
@@ -93,7 +147,7 @@ def stop_local_worker(path, process=None):
     """SIGTERM (the worker stops cleanly and removes its file), then SIGKILL after 5 s; the log goes too."""
     if process is not None and process.poll() is not None:
         process = None  # that one has exited (its pid may be someone else's by now)
-    pid = process.pid if process is not None else _running(path)
+    pid = process.pid if process is not None else running_local_worker(path)
     if pid is not None and pid_alive(pid):
         terminate(pid, 5.0, first=signal.SIGTERM)
         if process is not None:

@@ -52,6 +52,7 @@ from ..transport.link import dealer
 from ..version import __version__
 from . import wsl
 from .launcher import spawn, wait_ready, worker_argv
+from .local_worker import local_connection_file
 from .measure import measure as measure_transports
 from .state_file import read_state, state_path, write_state
 from .transport_select import candidates_for, choose, client_transport, current_record, record
@@ -69,8 +70,17 @@ class ServiceError(BridgeError):
 
 
 def resolve_connection_file(connection_file=None):
-    """The option, else the setting (``set_config``/environment), else the default file."""
-    return Path(connection_file or get_config()["connection_file"] or default_connection_file())
+    """The option, else the setting (``set_config``/environment), else the default file if a worker
+    wrote it, else the warm local worker's (the one this environment's scripts share), if it runs."""
+    chosen = connection_file or get_config()["connection_file"]
+    if chosen:
+        return Path(chosen)
+    if not default_connection_file().exists():
+        config = get_config()
+        warm = local_connection_file(config["local_backend"], max(config["local_worker_idle"], 1))
+        if warm.exists():
+            return warm
+    return default_connection_file()
 
 
 def default_log_file(connection_file):
@@ -494,7 +504,7 @@ def _client_view(info, connection_file):
     finally:
         conn.close()
     out.update(backend=reply.get("backend"), versions=reply.get("versions") or {}, uptime=reply.get("uptime"),
-               handles=reply.get("handles"), requests=reply.get("requests") or {},
+               idle_exit=reply.get("idle_exit"), handles=reply.get("handles"), requests=reply.get("requests") or {},
                refused=reply.get("refused") or {}, pools=reply.get("pools"))
     measured = current_record(connection_file)
     if measured:
@@ -531,10 +541,14 @@ def format_status(result: dict[str, Any]) -> str:
         wsl_hint = result.get("wsl") or sys.platform == "win32"
         rows.append(("start one", "sklearn-gpu-bridge start" + (" --wsl" if wsl_hint else "")))
         if result.get("default_file") and result.get("start_local_worker"):
-            rows.append(("meanwhile", "the first GPU* call of each Python process starts a local worker of "
-                         "its own, which stops when that process exits"))
+            idle = get_config()["local_worker_idle"]
+            rows.append(("meanwhile", "the first GPU* call of a script starts a local worker, "
+                         + (f"kept warm for the next script until {_duration(idle)} without one" if idle > 0
+                            else "which stops when that script exits")))
     else:
-        rows.append(("worker", f"running, pid {result['pid']}, up {_duration(result.get('uptime'))}"))
+        rows.append(("worker", f"running, pid {result['pid']}, up {_duration(result.get('uptime'))}"
+                     + (f"; stops after {_duration(result['idle_exit'])} without clients"
+                        if result.get("idle_exit") else "")))
         rows.append(("address", f"{result['address']} (protocol {result['protocol_version']}"
                      + (", CurveZMQ encrypted)" if result.get("encrypted") else ")")))
         backend = result.get("backend") or "?"
