@@ -85,7 +85,8 @@ ESTIMATORS = {row.name: row for row in (
     _row("cluster", "SpectralClustering", "fit_predict"),
     _row("decomposition", "PCA", "transform fit_transform inverse_transform", sparse="csr|any"),
     _row("decomposition", "IncrementalPCA", "transform fit_transform inverse_transform partial_fit", sparse="csr,csc"),
-    _row("decomposition", "TruncatedSVD", "transform fit_transform inverse_transform"),
+    # sparse X: cuML's class takes none; the worker computes it (worker/sparse_svd.py)
+    _row("decomposition", "TruncatedSVD", "transform fit_transform inverse_transform", sparse="csr"),
     _row("neighbors", "NearestNeighbors", "kneighbors", sparse="csr"),
     _row("neighbors", "KNeighborsClassifier", "predict predict_proba kneighbors", sparse="csr"),
     _row("neighbors", "KNeighborsRegressor", "predict kneighbors", sparse="csr"),

@@ -49,7 +49,11 @@ def _pca_to_sklearn(params):
 
 
 def _tsvd_to_sklearn(params):
-    """cuML's solvers differ: its default tol and n_iter become scikit-learn's; always randomized."""
+    """cuML's solvers differ: its default tol and n_iter become scikit-learn's; always randomized.
+
+    Sparse X runs scikit-learn's randomized solver on any backend (the worker's ``sparse_svd``), with these
+    parameters: cuML's ``algorithm`` names a dense solver, so it has no say there.
+    """
     if params.get("tol") == 1e-7:
         params["tol"] = 0.0
     if params.get("n_iter") == 15:

@@ -233,7 +233,7 @@ def test_v_lists_every_scikit_learn_class_the_script_used_and_why_it_ran_where_i
         "Pipeline.fit": (0, 1, "not served: it holds estimators"),
         "StandardScaler.fit_transform": (1, 0, "served on the worker"),
         "SGDClassifier.fit": (0, 1, "not served: cuML's MBSGD is another algorithm"),
-        "SVC.fit": (0, 1, "fell back: NotImplementedError: multiclass SVC"),
+        "SVC.fit": (1, 0, "served on the worker"),  # three classes: scikit-learn's SVC from the worker's pairs
         "LogisticRegression.fit": (1, 1, "served on the worker; refused by the worker: "),
     }
     for call, (worker, cpu, why) in expected.items():
@@ -327,9 +327,11 @@ def test_labels_come_back_as_given(accelerated):
 
 
 def test_what_the_worker_cannot_do_runs_on_the_cpu_and_the_report_says_why(accelerated):
+    from sklearn.metrics.pairwise import linear_kernel
+
     X, y = load_iris(return_X_y=True)
-    assert SVC().fit(X, y).score(X, y) > 0.9  # three classes: cuML's multiclass SVC is not scikit-learn's
-    assert "multiclass SVC" in next(iter(report.calls()["SVC.fit"]["reasons"]))
+    assert SVC(kernel=linear_kernel).fit(X, y).score(X, y) > 0.9  # three classes, a kernel the worker cannot name
+    assert "callable kernel" in next(iter(report.calls()["SVC.fit"]["reasons"]))
     import scipy.sparse as sp
 
     Xb, _ = make_blobs(n_samples=200, centers=3, random_state=0)
@@ -337,10 +339,10 @@ def test_what_the_worker_cannot_do_runs_on_the_cpu_and_the_report_says_why(accel
     assert km.cluster_centers_.shape == (3, 2)
     assert "Sparse data" in next(iter(report.calls()["KMeans.fit"]["reasons"]))
     assert report.calls()["SVC.fit"]["cpu"] == 1 and report.calls()["KMeans.fit"]["cpu"] == 1
-    model = SVC(decision_function_shape="ovo").fit(X, y=y)  # y by keyword: the same check
+    model = SVC(kernel=linear_kernel, decision_function_shape="ovo").fit(X, y=y)  # y by keyword: refused alike
     assert report.calls()["SVC.fit"]["cpu"] == 2
     assert model.decision_function(X).shape == (len(X), 3)  # scikit-learn's pairs (3 of them for 3 classes)
-    assert "fell back: NotImplementedError: multiclass SVC" in report.table()
+    assert "refused by the worker: " in report.table() and "callable kernel" in report.table()
 
 
 def test_no_worker_at_all_runs_everything_on_the_cpu(accelerated, tmp_path):

@@ -115,16 +115,18 @@ def test_tfidf_then_nearest_neighbors_by_cosine():
     assert np.mean(indices == want_indices) >= (0.98 if BACKEND == "sklearn" else 0.9)
 
 
-def test_tfidf_then_truncated_svd_says_what_to_do_then_kmeans_on_the_reduced_data():
-    """cuML 26.10's TruncatedSVD takes dense data only: scikit-learn's words, before anything is sent;
-    the usual remedy (reduce on the CPU, cluster on the GPU) then works."""
+def test_tfidf_then_truncated_svd_then_kmeans_all_on_the_worker():
+    """LSA: TF-IDF's sparse matrix reduced on the worker without densifying (cuML's TruncatedSVD takes dense
+    data only), as much variance kept as scikit-learn keeps, then clustered into the topics."""
     from sklearn.decomposition import TruncatedSVD
 
     documents, topics = _corpus(seed=3)
     X = TfidfVectorizer().fit_transform(documents)
-    with pytest.raises(TypeError, match="Sparse data was passed for X, but dense data is required"):
-        GPUTruncatedSVD(n_components=5).fit(X)
-    reduced = TruncatedSVD(n_components=5, random_state=0).fit_transform(X)
+    svd = GPUTruncatedSVD(n_components=5, random_state=0)
+    reduced = svd.fit_transform(X)
+    direct = TruncatedSVD(n_components=5, random_state=0).fit(X)
+    np.testing.assert_allclose(svd.explained_variance_ratio_.sum(), direct.explained_variance_ratio_.sum(),
+                               rtol=0.01)
     clusters = GPUKMeans(n_clusters=4, random_state=0, n_init=3).fit_predict(reduced)
     # the clusters are the topics: each topic falls (nearly) all in one cluster
     purity = sum(np.bincount(clusters[topics == t]).max() for t in np.unique(topics)) / len(topics)

@@ -23,7 +23,7 @@ from sklearn_gpu_bridge.config import DEVICE_MEMORY_KINDS
 from sklearn_gpu_bridge.errors import NotOnWorker, ProtocolError
 from sklearn_gpu_bridge.translate import to_sklearn
 
-from . import forms, labels
+from . import forms, labels, sparse_svd
 from .pinning import HostPinning, to_device
 
 log = logging.getLogger(__name__)
@@ -225,12 +225,21 @@ class Backend:
         ``params_from="sklearn"``: scikit-learn's class's parameters (accel), mapped as cuML maps them.
         ``finite``: the caller checked its float arrays for NaN and inf (:func:`checked_finite`).
         """
+        if sparse_svd.serves(name, args):  # cuML's TruncatedSVD takes dense X only: sparse_svd.py computes it
+            with self.output_context(method):
+                return (*sparse_svd.fit(self, params, method, args, params_from), [])
+        if name == "SVC":  # multiclass and break_ties are the bridge's own, not the backend's SVC's
+            from . import multiclass_svc
+
+            changed = [p for p in changed if p not in multiclass_svc.OWN_PARAMETERS]
         if params_from == "sklearn":
             estimator, dropped = self.create_from_sklearn(name, params), []
         elif params_from is None:
             estimator, dropped = self.create(name, params, changed)
         else:
             raise ProtocolError(f"unknown params_from {params_from!r}")
+        if name == "SVC":  # scikit-learn's answers under accel and for multiclass="sklearn" (multiclass_svc.py)
+            estimator = multiclass_svc.serving(estimator, params, params_from)
         with self.output_context(method), checked_finite(finite):
             return estimator, getattr(estimator, method)(*self.inputs(args), **kwargs), dropped
 
@@ -239,6 +248,8 @@ class Backend:
         if not callable(getattr(estimator, method, None)):
             raise AttributeError(f"{name} has no method {method!r} that the bridge may call")
         with self.output_context(method), checked_finite(finite):
+            if method == "transform" and sparse_svd.serves(name, args):
+                return sparse_svd.transform(self, estimator, args[0])
             return getattr(estimator, method)(*self.inputs(args), **kwargs)
 
     @staticmethod
@@ -254,6 +265,8 @@ class Backend:
 
     def export_state(self, estimator):
         """(portable bytes or None, native bytes or None) of a fitted estimator."""
+        if type(estimator).__name__ == "SklearnSVC":  # scikit-learn's SVC, assembled from the pairs
+            estimator = estimator.to_sklearn()
         return cloudpickle.dumps(estimator), None
 
     def import_state(self, name, form, blob):

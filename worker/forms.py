@@ -8,6 +8,7 @@ scikit-learn has no class for what cuML does, the package's own
 | cuML class | portable form |
 | --- | --- |
 | SVC of 3+ classes (cuML cannot convert it) | ``portable.CumlLikeSVC`` of its binary SVCs, each ``as_sklearn()`` |
+| SVC as scikit-learn's (``multiclass_svc.SklearnSVC``) | scikit-learn's ``SVC``, the pairs in libsvm's layout |
 | TargetEncoder (cuML's conversion loses "combination" encodings) | ``portable.CumlLikeTargetEncoder`` |
 | MinMaxScaler, MaxAbsScaler (no conversion in cuML 26.10) | scikit-learn's, with cuML's fitted attributes |
 | PolynomialFeatures (no conversion) | scikit-learn's, fitted on one row of zeros (its state is the input width) |
@@ -60,6 +61,10 @@ def svc(model):
     portable.classes_ = host(model.classes_)
     portable.n_features_in_ = model.n_features_in_
     return portable
+
+
+def sklearn_svc(model):
+    return model.to_sklearn()
 
 
 def target_encoder(model):
@@ -175,7 +180,8 @@ NOT_ROUND_TRIP = frozenset({"TargetEncoder", "MinMaxScaler", "MaxAbsScaler", "Po
                             "MBSGDRegressor", "HDBSCAN", "UMAP", "IsolationForest"})
 
 BUILDERS = {
-    "SVC": svc, "TargetEncoder": target_encoder, "MinMaxScaler": scaler, "MaxAbsScaler": scaler,
+    "SVC": svc, "SklearnSVC": sklearn_svc, "TargetEncoder": target_encoder, "MinMaxScaler": scaler,
+    "MaxAbsScaler": scaler,
     "PolynomialFeatures": polynomial_features, "GaussianNB": naive_bayes, "MultinomialNB": naive_bayes,
     "BernoulliNB": naive_bayes, "ComplementNB": naive_bayes, "CategoricalNB": naive_bayes,
     "MBSGDClassifier": mbsgd, "MBSGDRegressor": mbsgd, "HDBSCAN": hdbscan, "UMAP": umap,

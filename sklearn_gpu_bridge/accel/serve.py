@@ -25,6 +25,7 @@ from sklearn.utils._set_output import _wrap_method_output
 
 from ..catalogue import ESTIMATORS, load
 from ..errors import RemoteTraceback
+from ..estimators import search_threads
 from . import report
 
 #: catalogue rows not served, and why: scikit-learn's class answers something else than cuML's, or takes no
@@ -61,6 +62,7 @@ def install():
     """Patch every served class, and count the fits of the other scikit-learn estimators (idempotent)."""
     if _patched:
         return
+    search_threads.install()  # a search of served classes runs its fits in threads
     _patched[BaseEstimator, "_validate_params"] = BaseEstimator.__dict__["_validate_params"]
     BaseEstimator._validate_params = _counting(BaseEstimator._validate_params)
     for name, cls in served_classes().items():
@@ -163,7 +165,6 @@ def _fitting(name, cls, method, original):
             return original(self, *args, **kwargs)
         try:
             wrapper = _wrapper(name, self)
-            _refuse_what_cuml_does_otherwise(name, args, kwargs)
             result = getattr(wrapper, method)(*args, **kwargs)
             _adopt(self, wrapper)
         except Exception as exc:  # noqa: BLE001 - whatever the worker could not do, scikit-learn does here
@@ -206,17 +207,6 @@ def _wrapper(name, estimator):
     wrapper = getattr(estimators, "GPU" + name)()
     wrapper._accel_params = estimator.get_params(deep=False)
     return wrapper
-
-
-def _refuse_what_cuml_does_otherwise(name, args, kwargs):
-    """What cuml.accel also leaves to the CPU before a fit: a multiclass SVC (cuML's answers per class)."""
-    y = args[1] if len(args) > 1 else kwargs.get("y")
-    if name == "SVC" and y is not None:
-        import numpy as np
-
-        if len(np.unique(np.asarray(y))) > 2:
-            raise NotImplementedError("multiclass SVC: cuML's is one-vs-one with a column per class, "
-                                      "scikit-learn's decision function is another")
 
 
 def _adopt(estimator, wrapper):
