@@ -27,6 +27,7 @@ there nor redirect its log.
 
 import atexit
 import hashlib
+import itertools
 import logging
 import multiprocessing
 import os
@@ -57,12 +58,26 @@ def is_local_connection_file(path):
 
 
 def warm_tag(backend):
-    """What a warm worker must share with the client that reuses it: interpreter, version, backend, and the
-    environment the worker reads (its options, the GPUs it sees)."""
+    """What a warm worker must share with the client that reuses it: interpreter, the package's code (its
+    version, and when its files last changed: a checkout being edited), backend, and the environment the
+    worker reads (its options, the GPUs it sees)."""
     env = sorted((k, v) for k, v in os.environ.items()
                  if k.startswith(WORKER_ENV_PREFIX) or k == "CUDA_VISIBLE_DEVICES")
-    text = repr((os.path.realpath(sys.executable), __version__, backend, env))
+    text = repr((os.path.realpath(sys.executable), __version__, _code_changed(), backend, env))
     return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def _code_changed():
+    """The latest modification time of the package's modules (a millisecond or two of stat calls)."""
+    package = sys.modules[__package__.partition(".")[0]]
+    latest = 0
+    for folder in map(Path, package.__path__):
+        for path in itertools.chain(folder.glob("*.py"), folder.glob("*/*.py")):
+            try:
+                latest = max(latest, path.stat().st_mtime_ns)
+            except OSError:
+                continue
+    return latest
 
 
 def local_connection_file(backend, idle):
