@@ -17,6 +17,7 @@ from .errors import (
     WorkerLost,
     WorkerUnavailable,
 )
+from .ledger import report
 from .version import __version__ as __version__
 
 # Imported in place from a checkout (``python -m ...`` in the repository's root puts it first on sys.path): its
@@ -58,6 +59,6 @@ def __dir__():
 __all__ = [
     "BridgeError", "BridgeWarning", "ConfigurationError", "ProtocolError", "RemoteError", "VersionMismatch",
     "WorkerLost", "WorkerUnavailable", "config_context", "execution_mode", "get_config", "get_connection",
-    "reset_connection", "set_config",
+    "report", "reset_connection", "set_config",
     *_wrappers(),
 ]

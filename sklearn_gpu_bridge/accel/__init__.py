@@ -38,6 +38,7 @@ def install(log_level: int | str | None = None) -> None:
     serve.install()
     os.environ[ENV_ENABLED] = "1"
     os.environ.setdefault(report.ENV_PARENT, str(os.getpid()))
+    report.start()  # open before the first call: its time and bytes count too
     _children_inherit()
     if not _exit_hook:
         _exit_hook.append(atexit.register(report.print_at_exit))

@@ -23,6 +23,7 @@ import weakref
 from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.utils._set_output import _wrap_method_output
 
+from .. import callbacks
 from ..catalogue import ESTIMATORS, load
 from ..errors import RemoteTraceback
 from ..estimators import search_threads
@@ -165,8 +166,16 @@ def _fitting(name, cls, method, original):
             return original(self, *args, **kwargs)
         try:
             wrapper = _wrapper(name, self)
-            result = getattr(wrapper, method)(*args, **kwargs)
-            _adopt(self, wrapper)
+
+            def run():
+                fitted = getattr(wrapper, method)(*args, **kwargs)
+                _adopt(self, wrapper)
+                return fitted
+
+            # the estimator's own callbacks around the worker's fit (a CPU fallback runs scikit-learn's, with them)
+            result = callbacks.fit_task(self, run, X=args[0] if args else kwargs.get("X"),
+                                        y=args[1] if len(args) > 1 else kwargs.get("y"),
+                                        metadata={"sample_weight": kwargs.get("sample_weight")})
         except Exception as exc:  # noqa: BLE001 - whatever the worker could not do, scikit-learn does here
             _served.pop(self, None)
             report.record(cls, method, "cpu", _reason(exc))

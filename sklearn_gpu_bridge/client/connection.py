@@ -7,11 +7,13 @@ reads the reply. How the request travels is its transport's business
 this process.
 """
 
+import time
 from dataclasses import dataclass
 
 import cloudpickle
 import numpy as np
 
+from .. import ledger
 from ..config import get_setting
 from ..errors import ConfigurationError, ProtocolError
 from ..protocol import AsDtype, to_plain
@@ -94,6 +96,17 @@ class Connection:
         width = max(X.shape[1] if X.ndim > 1 else 1, n_classes * max(n_classes - 1, 1) // 2, n_classes, 2)
         return X.shape[0] * width * 8
 
+    def _request(self, header, payload=None, *, blobs=None, out_nbytes=0):
+        """``transport.request``; measured for :mod:`~sklearn_gpu_bridge.ledger` while a report records."""
+        if not ledger.recording():
+            return self.transport.request(header, payload, blobs=blobs, out_nbytes=out_nbytes)
+        started, reply, buffers = time.monotonic(), None, None
+        try:
+            reply, value, buffers = self.transport.request(header, payload, blobs=blobs, out_nbytes=out_nbytes)
+        finally:
+            ledger.note(self, header, reply, blobs, buffers, started)
+        return reply, value, buffers
+
     # ------------------------------------------------------------ operations
 
     def fit(self, estimator: str, params: dict, method: str, args: list, kwargs: dict, changed=(),
@@ -116,7 +129,7 @@ class Connection:
             blobs = {"params": cloudpickle.dumps(params)}
         out_nbytes = 0 if method in ("fit", "partial_fit") else self._out_nbytes(args, 0)
         payload = {"args": self._features(args), "kwargs": kwargs}
-        _, value, _ = self.transport.request(header, payload, blobs=blobs, out_nbytes=out_nbytes)
+        _, value, _ = self._request(header, payload, blobs=blobs, out_nbytes=out_nbytes)
         return Fitted(value["handle"], value["result"], value.get("dropped") or [])
 
     def call(self, handle: int, method: str, args: list, kwargs: dict, *, n_classes: int = 0,
@@ -126,12 +139,12 @@ class Connection:
         if finite:
             header["finite"] = True
         payload = {"args": self._features(args), "kwargs": kwargs}
-        _, value, _ = self.transport.request(header, payload, out_nbytes=self._out_nbytes(args, n_classes))
+        _, value, _ = self._request(header, payload, out_nbytes=self._out_nbytes(args, n_classes))
         return value["result"]
 
     def attribute(self, handle: int, name: str):
         """A public fitted attribute (``coef_`` ...) of a remote estimator."""
-        _, value, _ = self.transport.request({"op": "attribute", "handle": handle, "name": name})
+        _, value, _ = self._request({"op": "attribute", "handle": handle, "name": name})
         return value["result"]
 
     def echo(self, *arrays, out_nbytes=None):
@@ -144,7 +157,13 @@ class Connection:
 
     def get_state(self, handle: int) -> tuple[str, bytes | None, bytes | None]:
         """(backend, portable bytes or None, native bytes or None) of a fitted estimator."""
-        reply, buffers = self.transport.roundtrip({"op": "get_state", "handle": handle})
+        header, started = {"op": "get_state", "handle": handle}, time.monotonic()
+        reply = buffers = None
+        try:
+            reply, buffers = self.transport.roundtrip(header)
+        finally:
+            if ledger.recording():
+                ledger.note(self, header, reply, None, buffers, started)
         blobs = [getattr(buffer, "bytes", buffer) for buffer in buffers]  # ZeroMQ frames, or bytes
         forms = [form for form in ("portable", "native") if reply.get(form)]
         if len(blobs) != len(forms) or not forms:
@@ -155,7 +174,7 @@ class Connection:
     def set_state(self, estimator: str, form: str, blob: bytes) -> int:
         """A handle to a fitted ``estimator`` rebuilt on the worker from a form of its state."""
         header = {"op": "set_state", "estimator": estimator, "form": form}
-        reply, _, _ = self.transport.request(header, blobs={"state": blob})
+        reply, _, _ = self._request(header, blobs={"state": blob})
         return reply["handle"]
 
     def status(self) -> dict:

@@ -42,6 +42,7 @@ from sklearn.utils import assert_all_finite
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import FLOAT_DTYPES, _check_sample_weight, check_array, check_is_fitted, validate_data
 
+from .. import callbacks, ledger
 from ..client.discovery import connection_at_hand, get_connection, heads_up
 from ..config import get_setting
 from ..errors import WorkerUnavailable, warn_at_caller
@@ -78,8 +79,12 @@ class StateLost(WorkerUnavailable):
     """The worker that holds a fitted model is gone, and the client has no copy of its state."""
 
 
-class RemoteEstimator(BaseEstimator):
-    """Base of every ``GPU*`` estimator. Subclasses declare, they do not implement."""
+class RemoteEstimator(*callbacks.BASES, BaseEstimator):
+    """Base of every ``GPU*`` estimator. Subclasses declare, they do not implement.
+
+    With scikit-learn 1.9 or later it takes scikit-learn's callbacks (``set_callbacks``): a fit on the
+    worker is one task of theirs, run in this process (:mod:`sklearn_gpu_bridge.callbacks`).
+    """
 
     #: key of the backend's class table ("SVC", "StandardScaler", ...)
     _remote_name = None
@@ -191,6 +196,8 @@ class RemoteEstimator(BaseEstimator):
         found = getattr(_summed_finite, "X", None)
         return X is not None and y is None and found is not None and found() is X
 
+    @ledger.metered
+    @callbacks.fitting
     def _fit_prepared(self, method, X, y, fit_kwargs, finite=False):
         """Fit on the worker; ``finite``: X, y and the fit's arrays were checked for NaN and inf here
         (parameters that hold arrays, such as KMeans' ``init``, were not: then the worker checks)."""
@@ -273,6 +280,7 @@ class RemoteEstimator(BaseEstimator):
         finite = _scalars(kwargs.values()) and self._found_finite(args[0] if args else None)
         return self._run(method, args, kwargs, finite=finite)
 
+    @ledger.metered
     def _run(self, method, args, kwargs, *, fallback=True, finite=False):
         """``method(*args, **kwargs)`` on the worker; on the local scikit-learn model if allowed.
 
@@ -346,6 +354,7 @@ class RemoteEstimator(BaseEstimator):
     def _has_state(self):
         return "_sklearn_model" in self.__dict__ or "_backend_state" in self.__dict__
 
+    @ledger.metered(name="(fitted state)")
     def _pull_state(self):
         """Fetch the remote model once: its portable form (and, where that is not exact, the backend's)."""
         remote = self.__dict__["_remote"]
