@@ -6,7 +6,8 @@ CPU cores where the class has ``n_jobs``), cuML in this process, and the
 case run in turn, round by round, and each records the median of its calls.
 Small cases are timed twice, a row each: after a ``gc.collect()`` before every
 call, and as ``timeit`` times (the collector off, calls back to back). Also:
-GridSearchCV over a Pipeline with ``n_jobs`` 1, 4 and -1, start-up (worker
+GridSearchCV over a Pipeline with ``n_jobs`` 1, 4 and -1, as users meet it (fresh processes:
+the first fit of a script, one search with ``n_jobs``), start-up (worker
 start to ready, then the first call), 5-fold accuracies on scikit-learn's
 small datasets, and worker memory over many fit/predict/release cycles.
 
@@ -246,8 +247,8 @@ def paired_difference(times, others):
 class WorkerProcess(LaunchedWorker):
     """A worker in a temp folder that goes when it stops; how long it took to be ready, its memory."""
 
-    def __init__(self, backend):
-        super().__init__(tempfile.mkdtemp(prefix="sgb-e2e-"), backend=backend, log_level="WARNING")
+    def __init__(self, backend, **options):
+        super().__init__(tempfile.mkdtemp(prefix="sgb-e2e-"), backend=backend, log_level="WARNING", **options)
 
     def rss_mb(self):
         for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
@@ -366,6 +367,88 @@ def run_grid_search(repeats, use_cuml, skip_sklearn, n=20_000):
     for jobs in ("4", "-1"):
         result[f"n_jobs={jobs} speedup over n_jobs=1"] = \
             result["bridge"]["median"] / result[f"bridge n_jobs={jobs}"]["median"]
+    return result
+
+
+# ---------------------------------------------------------------- as users meet it: fresh processes
+
+_FIRST_FIT = """
+import json, sys, time, warnings
+import numpy as np
+warnings.simplefilter("ignore")
+X = np.random.default_rng(0).standard_normal((5000, 20)).astype(np.float32)
+if sys.argv[1] == "cuml":
+    started = time.perf_counter()
+    from cuml.preprocessing import StandardScaler
+else:
+    from sklearn_gpu_bridge import GPUStandardScaler as StandardScaler
+    started = time.perf_counter()
+StandardScaler().fit_transform(X)
+print(json.dumps({"first_fit_s": time.perf_counter() - started}))
+"""
+
+_ONE_SEARCH = """
+import json, sys, time, warnings
+import numpy as np
+from sklearn.model_selection import GridSearchCV
+from sklearn.pipeline import Pipeline
+warnings.simplefilter("ignore")
+from sklearn_gpu_bridge import GPUStandardScaler, GPUSVC
+n_jobs, candidates, n = map(int, sys.argv[1:4])
+rng = np.random.default_rng(0)
+X = rng.standard_normal((n, 20))
+y = (X[:, 0] + 0.5 * X[:, 1] + 0.3 * rng.standard_normal(len(X)) > 0).astype(int)
+grid = {"svm__C": list(np.logspace(-2, 3, candidates // 3)), "svm__gamma": ["scale", 0.01, 0.1]}
+started = time.perf_counter()
+search = GridSearchCV(Pipeline([("sc", GPUStandardScaler()), ("svm", GPUSVC())]), grid, cv=3, n_jobs=n_jobs)
+search.fit(X, y)
+print(json.dumps({"seconds": time.perf_counter() - started, "best": {k: str(v) for k, v in search.best_params_.items()}}))
+"""
+
+
+def _fresh(script, *args, env):
+    run = subprocess.run([sys.executable, "-c", script, *map(str, args)], capture_output=True, text=True,
+                         env=env, timeout=600)
+    if run.returncode:
+        raise RuntimeError(run.stderr[-2000:])
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def run_as_users_meet_it(backend, use_cuml, worker, rounds=3, n=20_000):
+    """Each way in a fresh process. The first fit of a script with nothing configured: the first script
+    starts the local worker, the next ones find it warm (and cuML in process pays its import in each).
+    One GridSearchCV of 12 and 48 candidates x cv=3 on n x 20 float64 in a fresh process, through
+    ``worker``: n_jobs=1, n_jobs=-1 (threads) and n_jobs=-1 in joblib's processes (search_threads=off)."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("SKLEARN_GPU_BRIDGE_")}
+    result = {}
+    with tempfile.TemporaryDirectory(prefix="sgb-e2e-run-") as run_dir:
+        os.chmod(run_dir, 0o700)
+        fresh_user = {**base, "XDG_RUNTIME_DIR": run_dir, "SKLEARN_GPU_BRIDGE_LOCAL_BACKEND": backend}
+        try:
+            firsts = [_fresh(_FIRST_FIT, "bridge", env=fresh_user)["first_fit_s"] for _ in range(rounds + 1)]
+        finally:
+            subprocess.run([sys.executable, "-m", "sklearn_gpu_bridge", "stop"], env=fresh_user,
+                           capture_output=True, timeout=60)
+    result["first_fit"] = {"starts the worker": firsts[0], "finds it warm": firsts[1:]}
+    if use_cuml:
+        result["first_fit"]["cuML in process"] = [_fresh(_FIRST_FIT, "cuml", env=base)["first_fit_s"]
+                                                  for _ in range(rounds)]
+    print(f"  first fit: starts the worker {firsts[0]:.2f} s, finds it warm "
+          f"{', '.join(f'{t:.3f}' for t in firsts[1:])} s; cuML in process "
+          f"{result['first_fit'].get('cuML in process', '-')}", flush=True)
+    configured = {**base, "SKLEARN_GPU_BRIDGE_CONNECTION_FILE": str(worker.connection_file)}
+    ways = {"n_jobs=1": (1, configured), "n_jobs=-1": (-1, configured),
+            "n_jobs=-1, processes": (-1, {**configured, "SKLEARN_GPU_BRIDGE_SEARCH_THREADS": "off"})}
+    for candidates in (12, 48):
+        rows = result[f"one search, {candidates}x3"] = {}
+        for way, (n_jobs, env) in ways.items():
+            runs = [_fresh(_ONE_SEARCH, n_jobs, candidates, n, env=env) for _ in range(rounds)]
+            rows[way] = {"median": float(np.median([r["seconds"] for r in runs])),
+                         "times": [r["seconds"] for r in runs], "best": runs[0]["best"]}
+        rows["n_jobs=-1 speedup over n_jobs=1"] = rows["n_jobs=1"]["median"] / rows["n_jobs=-1"]["median"]
+        print(f"  one search {candidates}x3 on {n}x20 in a fresh process: "
+              + ", ".join(f"{way} {rows[way]['median']:.2f} s" for way in ways)
+              + f"; n_jobs=-1 {rows['n_jobs=-1 speedup over n_jobs=1']:.2f}x n_jobs=1", flush=True)
     return result
 
 
@@ -512,8 +595,13 @@ def main():
     parser.add_argument("--repeats", type=int, default=3, help="rounds at least (default: %(default)s)")
     parser.add_argument("--quick", action="store_true",
                         help="only the small cases, no scikit-learn large runs, the grid on 2000 rows")
+    parser.add_argument("--transport", default="auto", choices=["auto", "frames"],
+                        help="frames: the worker on TCP loopback and arrays as ZeroMQ frames, no shared memory "
+                             "(the path from Windows to WSL2)")
+    parser.add_argument("--array-cache", default="auto", choices=["auto", "on", "off"],
+                        help="the client setting array_cache (off: every send is a first send)")
     parser.add_argument("--parts", default="cases,grid,accuracy,memory",
-                        help="comma-separated: cases, grid, accuracy, memory (default: %(default)s)")
+                        help="comma-separated: cases, grid, users (fresh processes), accuracy, memory (default: %(default)s)")
     parser.add_argument("--only", default=None,
                         help="cases whose name contains this, or one of these (a|b); NAME$: that case alone")
     parser.add_argument("--no-sklearn-large", action="store_true",
@@ -537,8 +625,10 @@ def main():
     use_cuml = args.backend == "cuml"
 
     started = time.perf_counter()
-    worker = WorkerProcess(args.backend)
-    sklearn_gpu_bridge.set_config(connection_file=str(worker.connection_file), start_local_worker=False)
+    frames = args.transport == "frames"
+    worker = WorkerProcess(args.backend, **({"bind": "127.0.0.1"} if frames else {}))
+    sklearn_gpu_bridge.set_config(connection_file=str(worker.connection_file), start_local_worker=False,
+                                  pool="off" if frames else "auto", array_cache=args.array_cache)
     start = time.perf_counter()
     sklearn_gpu_bridge.GPUStandardScaler().fit_transform(np.ones((5000, 20), np.float32))
     first_call = time.perf_counter() - start
@@ -560,6 +650,10 @@ def main():
         if "grid" in parts:
             report["grid_search"] = run_grid_search(args.repeats, use_cuml, args.no_sklearn_large,
                                                     n=2000 if args.quick else 20_000)
+        if "users" in parts:
+            report["as_users_meet_it"] = run_as_users_meet_it(args.backend, use_cuml, worker,
+                                                              rounds=2 if args.quick else 3,
+                                                              n=2000 if args.quick else 20_000)
         if "accuracy" in parts:
             report["accuracy"] = run_accuracy()
         if "memory" in parts:
