@@ -147,6 +147,25 @@ def test_a_scikit_learn_script_runs_unmodified_with_the_same_answers(tmp_path, c
     assert "types sklearn.svm._classes KMeans" in served.stdout
 
 
+_CHILDREN = textwrap.dedent("""
+    import joblib
+
+    def served_here():
+        import sklearn_gpu_bridge.accel
+        return sklearn_gpu_bridge.accel.is_installed()
+
+    print(joblib.Parallel(n_jobs=2, backend="loky")(joblib.delayed(served_here)() for _ in range(4)))
+""")
+
+
+def test_the_processes_a_script_starts_are_accelerated_too_and_say_nothing_of_it(tmp_path, connection):
+    """joblib's processes import accel's ``sitecustomize`` first: accel is installed there, silently."""
+    (tmp_path / "children.py").write_text(_CHILDREN)
+    run = _python("-m", "sklearn_gpu_bridge.accel", "children.py", tmp_path=tmp_path)
+    assert run.stdout.strip() == "[True, True, True, True]"
+    assert "sitecustomize" not in run.stderr, run.stderr
+
+
 _MODULE = textwrap.dedent("""
     import sys
     import numpy as np, scipy.sparse as sp

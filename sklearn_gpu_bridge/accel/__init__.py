@@ -75,11 +75,13 @@ _SITECUSTOMIZE = '''\
 import os, sys
 _here = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
-del sys.modules["sitecustomize"]
+_this = sys.modules.pop("sitecustomize", None)
 try:
     import sitecustomize  # noqa: F401 - the environment's own, if it has one
 except ImportError:
     pass
+if _this is not None:  # the import system takes this module back from sys.modules when it has run
+    sys.modules.setdefault("sitecustomize", _this)
 if os.environ.get("SKLEARN_GPU_BRIDGE_ACCEL") == "1":
     try:
         import sklearn_gpu_bridge.accel
