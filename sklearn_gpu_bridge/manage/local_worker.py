@@ -86,11 +86,6 @@ def local_connection_file(backend, idle):
     return runtime_folder() / f"local-{name}.json"
 
 
-def warm_connection_files():
-    """The connection files of this user's warm local workers (any interpreter or backend)."""
-    return sorted(runtime_folder().glob("local-warm-*.json"))
-
-
 def owner_pid():
     """This process, or its parent when it is a multiprocessing/loky child."""
     parent = multiprocessing.parent_process()
