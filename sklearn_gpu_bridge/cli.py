@@ -65,6 +65,9 @@ _device_memory_option = click.option(
 @click.option("--connection-file", type=click.Path(dir_okay=False), default=str(default_connection_file()),
               help="Where to write address and key (mode 0600) once ready.")
 @click.option("--threads", default=W["threads"], type=click.IntRange(1), help="Estimator calls run at once.")
+@click.option("--gpus", default=W["gpus"],
+              help="GPUs to drive: all, or indices such as 0,1 (each runs --threads calls at once; a fit goes to the "
+                   "least busy one it fits on, a model's calls to its own). Default: the first GPU.")
 @click.option("--parent-pid", type=int, default=None, hidden=True,
               help="Stop when this process dies (used by the local worker).")
 @click.option("--pool-dir", "pool_dirs", multiple=True, type=click.Path(file_okay=False),

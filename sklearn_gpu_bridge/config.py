@@ -89,6 +89,8 @@ WORKER_DEFAULTS = {
     "watch_ms": 3.0,
     # estimator calls run at once, of all clients (cuML's fits overlap on one GPU)
     "threads": 4,
+    # GPUs the worker drives: all | indices such as 0,1 (each runs `threads` calls at once); None: the first one
+    "gpus": None,
     # folders where clients' shared-memory pools may be found (besides /dev/shm and the temp folder)
     "pool_dirs": (),
     # CurveZMQ secret key file (owner-only): encrypts all traffic

@@ -12,14 +12,16 @@ import contextlib
 import functools
 import inspect
 import logging
+import os
 import platform
 import re
+import threading
 
 import cloudpickle
 import numpy as np
 
 from sklearn_gpu_bridge.catalogue import FIT_METHODS, NEUTRAL, is_cuml_alias, load, lookup
-from sklearn_gpu_bridge.config import DEVICE_MEMORY_KINDS
+from sklearn_gpu_bridge.config import DEVICE_MEMORY_KINDS, WORKER_ENV_PREFIX
 from sklearn_gpu_bridge.errors import NotOnWorker, ProtocolError
 from sklearn_gpu_bridge.translate import to_sklearn
 
@@ -110,6 +112,43 @@ def _cupy_allocates_itself(cupy, keeps):
                     "RMM", type(exc).__name__, exc)
         return
     log.info("CuPy's arrays: CuPy's stream-ordered allocator on the device's default pool")
+
+
+def use_device_memory_on(indices, kind):
+    """:func:`use_device_memory` for a worker that drives the GPUs ``indices``.
+
+    RMM's memory resource is per device (``set_current_device_resource`` sets the current device's, and
+    ``CudaAsyncMemoryResource`` makes its pool on the current device), so each GPU gets a pool of its own, made
+    while it is current; the process's current device has one already (:class:`CumlBackend`). CuPy's allocator
+    is one for the whole process: :func:`_cupy_allocates_itself_on` makes it allocate from each device's own pool.
+    """
+    _check_device_memory(kind)
+    if kind not in ("async", "async-cupy"):
+        return
+    import cupy
+
+    current = cupy.cuda.runtime.getDevice()
+    for index in indices:
+        if index != current:
+            with cupy.cuda.Device(index):
+                use_device_memory("async")
+    if kind == "async-cupy":
+        _cupy_allocates_itself_on(cupy, indices)
+
+
+def _cupy_allocates_itself_on(cupy, indices):
+    """CuPy's stream-ordered allocator on every device's default pool (``MemoryAsyncPool("default")``): it
+    allocates on the current device from that device's pool. One pool handle cannot serve several devices
+    (``MemoryAsyncPool`` makes the pool it is given every device's current pool, which CUDA refuses for a pool of
+    another device). The pools' release threshold is left as ``MemoryAsyncPool`` sets it: CuPy reads it as a limit
+    on the pool's growth."""
+    try:
+        cupy.cuda.set_allocator(cupy.cuda.MemoryAsyncPool("default").malloc)
+    except Exception as exc:  # noqa: BLE001 - RMM's allocator stays, said
+        log.warning("CuPy's stream-ordered allocator is not usable on GPUs %s (%s: %s); CuPy's arrays come through "
+                    "RMM", indices, type(exc).__name__, exc)
+        return
+    log.info("CuPy's arrays: CuPy's stream-ordered allocator on the default pool of each of GPUs %s", indices)
 
 
 def _check_device_memory(kind):
@@ -293,9 +332,34 @@ class Backend:
         """Bytes of device memory that requests running at once may use (None: no limit, host memory)."""
         return None
 
+    # ------------------------------------------------------------ several GPUs (a worker's ``gpus``: devices.py)
+
+    def device_count(self):
+        """How many GPUs this process sees; None: none (the CPU backend simulates the GPUs it is given)."""
+        return None
+
+    def open_devices(self, indices):
+        """Make the GPUs ``indices`` ready to serve requests; their memory budgets (:meth:`memory_budget`)."""
+        return [self.memory_budget() for _ in indices]
+
+    def on_device(self, index):
+        """The context that makes GPU ``index`` current on this thread: a request on it runs inside."""
+        return contextlib.nullcontext()
+
+    def device_memory_used(self, index):
+        """Bytes of GPU ``index``'s memory in use now, by any process (None: the current device; status)."""
+        return None
+
+
+#: the CPU backend's stand-ins for GPUs (tests; read by it alone): each simulated GPU's memory budget in bytes
+#: (unset: none), and the index of one whose estimator calls all fail as a GPU in a sticky CUDA error does
+SIMULATED_GPU_MEMORY = WORKER_ENV_PREFIX + "_SIMULATED_GPU_MEMORY"
+SIMULATED_GPU_FAILS = WORKER_ENV_PREFIX + "_SIMULATED_GPU_FAILS"
+
 
 class SklearnBackend(Backend):
     name = "sklearn"
+    _failing = None  # the simulated GPU that fails (SIMULATED_GPU_FAILS)
 
     def estimator_class(self, name):
         if name in STAND_INS:
@@ -304,6 +368,29 @@ class SklearnBackend(Backend):
 
     def _translate(self, name, params):
         return to_sklearn(name, params)
+
+    def open_devices(self, indices):
+        """Simulated GPUs, each with the budget :data:`SIMULATED_GPU_MEMORY` gives; the one
+        :data:`SIMULATED_GPU_FAILS` names fails (:meth:`output_context`)."""
+        budget, failing = os.environ.get(SIMULATED_GPU_MEMORY), os.environ.get(SIMULATED_GPU_FAILS)
+        self._failing = int(failing) if failing else None
+        self._current = threading.local()
+        return [int(budget) if budget else self.memory_budget() for _ in indices]
+
+    @contextlib.contextmanager
+    def on_device(self, index):
+        before = getattr(self._current, "index", None)
+        self._current.index = index
+        try:
+            yield
+        finally:
+            self._current.index = before
+
+    def output_context(self, method):
+        if self._failing is not None and getattr(self._current, "index", None) == self._failing:
+            raise RuntimeError(f"CUDA error encountered: cudaErrorIllegalAddress: an illegal memory access was "
+                               f"encountered (simulated: {SIMULATED_GPU_FAILS}={self._failing})")
+        return super().output_context(method)
 
 
 class CumlBackend(Backend):
@@ -320,6 +407,7 @@ class CumlBackend(Backend):
 
         if is_cuml_alias(cuml):  # `alias install` in this environment
             raise ImportError("no cuML here: `import cuml` gives sklearn-gpu-bridge's alias")
+        self._device_memory = device_memory  # for the other GPUs a worker drives (open_devices)
         if device_memory is not None:
             use_device_memory(device_memory)
             from cuml.internals import validation
@@ -333,7 +421,8 @@ class CumlBackend(Backend):
         import cupy
 
         runtime = cupy.cuda.runtime
-        return HostPinning(lambda address, nbytes: runtime.hostRegister(address, nbytes, 0), runtime.hostUnregister)
+        return HostPinning(lambda address, nbytes: runtime.hostRegister(address, nbytes, self._register_flags),
+                           runtime.hostUnregister)
 
     def inputs(self, args):
         """A float X copied to the device here, in one copy (a DMA where it lies in a page-locked pool segment).
@@ -450,6 +539,42 @@ class CumlBackend(Backend):
         except Exception:  # noqa: BLE001 - no reading: no admission control
             log.warning("could not read the GPU's free memory; requests are not admitted by memory", exc_info=True)
             return None
+
+    # ------------------------------------------------------------ several GPUs
+
+    _register_flags = 0  # cudaHostRegister's flags for pool segments (open_devices)
+
+    def device_count(self):
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount()
+
+    def open_devices(self, indices):
+        """Each GPU of ``indices`` with device memory set up as the first one's (:func:`use_device_memory_on`),
+        and pool segments registered for all of them (``cudaHostRegisterPortable``: pinned for every device's
+        context, not only for the one current where a segment is registered); their budgets."""
+        import cupy
+
+        if self._device_memory is not None:
+            use_device_memory_on(indices, self._device_memory)
+        if len(indices) > 1:
+            self._register_flags = 1  # cudaHostRegisterPortable
+        budgets = []
+        for index in indices:
+            with cupy.cuda.Device(index):
+                budgets.append(self.memory_budget())
+        return budgets
+
+    def on_device(self, index):
+        import cupy
+
+        return cupy.cuda.Device(index)
+
+    def device_memory_used(self, index):
+        import cupy
+
+        free, total = cupy.cuda.Device(index).mem_info
+        return int(total - free)
 
     def warm_up(self):
         rng = np.random.default_rng(0)

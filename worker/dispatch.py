@@ -19,10 +19,13 @@ class Request:
     ``header`` holds the request's fields (op, client, estimator, method,
     handle, name, changed, params_from, finite, form ...). An operation asks
     for :meth:`arguments` only once it has checked the method it runs, so a
-    refused call costs no decoding.
+    refused call costs no decoding. ``device``: the GPU the request runs on,
+    current on its thread (the worker sets it where it drives several); the
+    models it makes are kept as that GPU's. None: the process's current device.
     """
 
     header: dict
+    device: int | None = None
 
     def arguments(self) -> tuple[list, dict]:
         """(args, kwargs) of the payload, decoded."""
@@ -77,7 +80,7 @@ class Operations:
         args, kwargs = request.arguments()
         estimator, result, dropped = self.backend.fit(name, request.params(), method, args, kwargs, changed,
                                                       header.get("params_from"), finite=header.get("finite") is True)
-        handle = self.handles.add(estimator, name, header["client"])
+        handle = self.handles.add(estimator, name, header["client"], _device_of(request))
         return Answer({"result": _unless(result, estimator), "handle": handle, "dropped": dropped})
 
     def call(self, request):
@@ -117,7 +120,7 @@ class Operations:
         if form not in ("portable", "native"):
             raise ValueError(f"unknown state form {form!r}")
         estimator = self.backend.import_state(name, form, bytes(request.blob("state")))
-        return Answer(fields={"handle": self.handles.add(estimator, name, header["client"])})
+        return Answer(fields={"handle": self.handles.add(estimator, name, header["client"], _device_of(request))})
 
     #: op name -> operation: the work the worker answers
     TABLE = {"fit": fit, "call": call, "attribute": attribute, "echo": echo, "get_state": get_state,
@@ -125,6 +128,11 @@ class Operations:
 
 
 WORK = Operations.TABLE
+
+
+def _device_of(request):
+    """The request's device; None also for a request that is a Request by its methods alone (in process)."""
+    return getattr(request, "device", None)
 
 
 def _unless(result, estimator):

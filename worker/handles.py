@@ -5,6 +5,11 @@ for one of an earlier worker run; and it is only ever found for the client
 that made it: another client asking for it (to call, read, pull the state
 of, or release it) is told there is no such handle, exactly as if it did not
 exist.
+
+Each handle also remembers the GPU its model lives on (``device``: its index,
+None where the worker drives the process's one device as it is), so that the
+requests that read it run there, and the model is freed with that device
+current.
 """
 
 import secrets
@@ -19,22 +24,28 @@ class Entry:
     estimator: object
     name: str
     client: str
+    device: int | None = None  # the GPU the model lives on
     last_used: float = field(default_factory=time.monotonic)
 
 
 class HandleTable:
-    """handle (int) -> Entry, safe to use from the server and executor threads."""
+    """handle (int) -> Entry, safe to use from the server and executor threads.
 
-    def __init__(self):
+    ``on_device(index)``: the context that makes a GPU current, under which :meth:`drop` frees a model of that
+    GPU (None: models are freed wherever their last reference goes).
+    """
+
+    def __init__(self, on_device=None):
         self._entries = {}
         self._lock = threading.Lock()
+        self._on_device = on_device
 
-    def add(self, estimator, name, client):
+    def add(self, estimator, name, client, device=None):
         with self._lock:
             handle = secrets.randbits(63)
             while handle in self._entries:
                 handle = secrets.randbits(63)
-            self._entries[handle] = Entry(estimator, name, client)
+            self._entries[handle] = Entry(estimator, name, client, device)
             return handle
 
     def get(self, handle, client):
@@ -50,6 +61,12 @@ class HandleTable:
         entry.last_used = time.monotonic()
         return entry
 
+    def device_of(self, handle, client):
+        """The device of ``client``'s model ``handle``; None where there is no such model (or no device)."""
+        with self._lock:
+            entry = self._entries.get(handle) if type(handle) is int else None
+        return entry.device if entry is not None and entry.client == client else None
+
     def release(self, handles, client):
         """Take those of ``handles`` that ``client`` owns out of the table; returns their entries.
 
@@ -64,12 +81,30 @@ class HandleTable:
         with self._lock:
             mine = [h for h, e in self._entries.items() if e.client == client]
             gone = [self._entries.pop(h) for h in mine]
-        return len(gone)  # the models are freed here, out of the lock
+        released = len(gone)
+        self.drop(gone)  # the models are freed here, out of the lock
+        return released
+
+    def drop(self, entries):
+        """Free the models of ``entries`` (taken out of the table; the list is emptied), each one with its own GPU
+        current, as when it was made: what frees device memory on the current device's stream frees it there."""
+        while entries:
+            entry = entries.pop()
+            if self._on_device is None or entry.device is None:
+                del entry
+            else:
+                with self._on_device(entry.device):
+                    del entry
 
     def owners(self):
         """How many handles each client owns."""
         with self._lock:
             return Counter(e.client for e in self._entries.values())
+
+    def per_device(self):
+        """How many models each device holds."""
+        with self._lock:
+            return Counter(e.device for e in self._entries.values())
 
     def __len__(self):
         with self._lock:

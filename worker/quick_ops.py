@@ -35,7 +35,8 @@ def page_faults():
 
 
 class QuickOps:
-    """Uses the worker's ``clients``, ``queue``, ``backend``, ``handles``, ``session`` and the rest it reports."""
+    """Uses the worker's ``clients``, ``queue``, ``devices``, ``backend``, ``handles``, ``session`` and the rest it
+    reports."""
 
     def _hello(self, header):
         version = header.get("protocol_version")
@@ -81,13 +82,27 @@ class QuickOps:
             "queued": self.queue.waiting(),
             "threads": self.queue.threads, "running": self.queue.running, "peak_running": self.queue.peak,
             "watch_ms": self.watch_ms, "idle_exit": self.idle_exit, "collections": [g["collections"] for g in gc.get_stats()],
-            "device_budget": self.queue.budget, "device_in_use": self.queue.in_use,
+            "device_budget": self.queue.budget, "device_in_use": self.queue.in_use, "gpus": self._gpus(),
             "pinned": self.pinning.status() if self.pinning is not None else None,
             "labels_on_host": self.backend.host_labels.taken if self.backend.host_labels is not None else None,
             "versions": self.versions,
             "array_cache": {"entries": len(cache) if cache else 0, "bytes": cache.nbytes if cache else 0,
                             "max_bytes": cache.max_bytes if cache else 0},
         }
+
+    def _gpus(self):
+        """Each device's work and memory: requests run, running, waiting for it; its budget, the costs admitted
+        (now, at most), the memory in use on it (any process's; None where unknown); the models it holds."""
+        held = self.handles.per_device()
+        driven = self.devices.driven
+        return [device.status(held[device.index if driven else None],
+                              self._memory_used(device.index if driven else None)) for device in self.devices]
+
+    def _memory_used(self, index):
+        try:
+            return self.backend.device_memory_used(index)
+        except Exception:  # noqa: BLE001 - informative only
+            return None
 
     def _release(self, header):
         return {}  # the handles were released by _handle

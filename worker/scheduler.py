@@ -18,6 +18,11 @@ an idle thread can take over reading, it hands the reading over and runs
 that request itself. The request so starts on the thread that read it, warm,
 without waiting for another thread to be woken (0.1-0.2 ms on a GPU VM); the
 wake of the new reader happens while the request runs.
+
+There is one queue of clients however many GPUs the worker drives: fairness is
+across clients, and placement is per request, as it is admitted
+(:class:`.devices.Devices`): a request that reads a fitted model waits for
+room on that model's GPU, any other takes the least loaded GPU it fits on.
 """
 
 import itertools
@@ -25,6 +30,8 @@ import logging
 import threading
 import time
 from collections import deque
+
+from .devices import Devices
 
 log = logging.getLogger("sklearn_gpu_bridge.worker")
 FORGET_AFTER = 10_000  # clients remembered with no work waiting, at most
@@ -41,18 +48,25 @@ class FairQueue:
     always runs, however large). Many clients then share one GPU without
     running it out of memory.
 
+    With ``devices`` (:class:`.devices.Devices`), each device has a budget of
+    its own, a request runs on the one :meth:`.devices.Devices.place` chooses,
+    as ``run(item, device)``, and ``affinity(item)`` names the device index a
+    request must run on (None: any); ``budget`` is then theirs.
+
     With ``may_start(client)``, a client's next request starts only while it says True (asked under the queue's
     lock, and again every :data:`RECHECK_SECONDS` while work waits for held-back clients alone).
     """
 
-    def __init__(self, run, threads=1, max_queued=64, cost=None, budget=None, after=None, may_start=None):
+    def __init__(self, run, threads=1, max_queued=64, cost=None, budget=None, after=None, may_start=None,
+                 devices=None, affinity=None):
         self.run = run
         self.may_start = may_start
         self.after = after  # after(item): called on the thread that ran item, once it no longer counts as running
         self.max_queued = max_queued
-        self.cost = cost if budget else None
-        self.budget = budget
-        self.in_use = 0  # the costs of the requests running now
+        self._placing = devices is not None  # run(item, device); else run(item)
+        self.devices = devices if devices is not None else Devices([budget])
+        self.affinity = affinity
+        self.cost = cost if any(device.budget for device in self.devices) else None
         self.running = 0
         self.peak = 0  # the most requests that ran at once (status)
         self._queues = {}  # client -> deque of items; a client is here only while it has work
@@ -83,12 +97,23 @@ class FairQueue:
             self._lead = lead
             self._start_thread()
 
+    @property
+    def budget(self):
+        """Bytes of device memory that requests running at once may use, on all devices (None: no limit)."""
+        return self.devices.budget
+
+    @property
+    def in_use(self):
+        """The costs of the requests running now, on all devices."""
+        return self.devices.in_use
+
     def submit(self, client, item):
         """Queue ``item`` for ``client``; False if the client already has ``max_queued`` waiting.
 
         Once a thread leads (:meth:`lead_with`), only ``lead`` and ``after`` submit: the reader runs or hands
         on what it queued, and ``after``'s thread takes the next request itself once it returns.
         """
+        pinned = self._pinned(item)
         with self._ready:
             queue = self._queues.get(client)
             if queue is None:
@@ -99,7 +124,9 @@ class FairQueue:
                     self._served[client] = 0  # never served: before everyone who was
             elif len(queue) >= self.max_queued:
                 return False
-            queue.append(item)
+            queue.append((item, pinned))
+            if pinned is not None:
+                pinned.queued += 1
             if self._idle and self._lead is None:  # a leader runs what it submits, or leaves it to a busy thread
                 self._idle.pop().notify()  # the thread that went idle last (LIFO): a Condition would wake the longest idle
             return True
@@ -108,7 +135,7 @@ class FairQueue:
         """Drop the requests ``client`` has waiting; returns them (they never run)."""
         with self._ready:
             self._served.pop(client, None)
-            return list(self._queues.pop(client, ()))
+            return [self._unqueued(entry) for entry in self._queues.pop(client, ())]
 
     @property
     def threads(self):
@@ -128,6 +155,9 @@ class FairQueue:
         ``lead`` (``lead`` must return soon once its owner stops), or after ``wait`` seconds."""
         with self._ready:
             self._closed = True
+            for queue in self._queues.values():
+                for entry in queue:
+                    self._unqueued(entry)
             self._queues.clear()
             self._served.clear()
             while self._idle:
@@ -136,8 +166,26 @@ class FairQueue:
             if not self._ready.wait_for(lambda: not self._leading, timeout=wait):
                 log.warning("a thread still reads %.0f s after close", wait)
 
+    def _pinned(self, item):
+        """The device ``item`` must run on (its model's), or None: wherever it fits."""
+        if self.affinity is None:
+            return None
+        try:
+            return self.devices.get(self.affinity(item))
+        except Exception:  # noqa: BLE001 - a bug must not lose a request: it runs where it fits, and fails there
+            log.exception("could not tell which device a request is for")
+            return None
+
+    @staticmethod
+    def _unqueued(entry):
+        """The item of a queue entry taken out of its queue (under the lock)."""
+        item, pinned = entry
+        if pinned is not None:
+            pinned.queued -= 1
+        return item
+
     def _next(self, wake):
-        """What this thread does next: (item, cost) to run, LEAD, or None once closed."""
+        """What this thread does next: (item, cost, device) to run, LEAD, or None once closed."""
         with self._ready:
             while not self._closed:
                 if self._lead is not None and not self._leading:
@@ -168,19 +216,21 @@ class FairQueue:
             return True
 
     def _take(self, client):
-        """The next request of ``client``, once admitted (under the lock)."""
+        """The next request of ``client``, once admitted (under the lock): (item, cost, device)."""
         queue = self._queues[client]
-        item = queue.popleft()
+        item, pinned = entry = queue.popleft()
+        self._unqueued(entry)
         self._served[client] = next(self._ticks)  # its next request waits for the others' turns
         if not queue:
             del self._queues[client]
-        cost = self._admit(item)
+        cost, device = self._admit(item, pinned)
+        device.start(cost)
         self.running += 1
         self.peak = max(self.peak, self.running)
-        return item, cost
+        return item, cost, device
 
     def _read(self):
-        """Lead until a request can run on this thread (another takes over reading): (item, cost); None once
+        """Lead until a request can run on this thread (another takes over reading): (item, cost, device); None once
         closed. While every other thread is busy, this one keeps reading; what it queued waits for them."""
         try:
             while True:
@@ -208,32 +258,36 @@ class FairQueue:
                     self._leading = False
                     self._ready.notify_all()  # close() waits for it
 
-    def _admit(self, item):
-        """Wait (holding no client's turn but this one) until ``item``'s cost fits beside the running ones."""
-        if self.cost is None:
-            return 0
-        try:
-            cost = max(0, int(self.cost(item)))
-        except Exception:  # noqa: BLE001 - a request whose size cannot be read costs nothing here
-            cost = 0
-        while self.running and self.in_use + cost > self.budget and not self._closed:
+    def _admit(self, item, pinned):
+        """Wait (holding no client's turn but this one) until ``item``'s cost fits beside the running ones on a
+        device (``pinned``, where it must run there): (cost, device)."""
+        cost = 0
+        if self.cost is not None:
+            try:
+                cost = max(0, int(self.cost(item)))
+            except Exception:  # noqa: BLE001 - a request whose size cannot be read costs nothing here
+                cost = 0
+        index = None if pinned is None else pinned.index
+        while (device := self.devices.place(cost, index)) is None and not self._closed:
             self._ready.wait()
-        self.in_use += cost
-        return cost
+        return cost, device or self.devices.place(cost, index, room=False)
 
     def _serve(self, wake):
         while (taken := self._next(wake)) is not None:
             if taken is LEAD and (taken := self._read()) is None:
                 break
-            item, cost = taken
+            item, cost, device = taken
             try:
-                self.run(item)
+                if self._placing:
+                    self.run(item, device)
+                else:
+                    self.run(item)
             except Exception:  # noqa: BLE001 - a bug must not kill the thread that serves everyone
                 log.exception("a request failed in the scheduler")
             finally:
                 with self._ready:
                     self.running -= 1
-                    self.in_use -= cost
+                    device.finish(cost)
                     self._ready.notify_all()
             if self.after is not None:
                 try:

@@ -15,6 +15,11 @@ reader also sweeps silent clients; the thread that called
 :meth:`Worker.serve_forever` watches the parent. Clients on this host may
 also send requests and read replies through their own pool (:mod:`.fastpath`).
 
+A worker drives one GPU, or each of several (``gpus``, :mod:`.devices`): the
+queue places each request on one, and the thread that runs it makes that GPU
+current (``backend.on_device``) for the whole request, from decoding its
+input to freeing what it released.
+
 What reaches the reading thread at all is decided first: a peer without the
 credentials of the address (:mod:`sklearn_gpu_bridge.runtime.keys`) is refused
 during ZeroMQ's handshake (:mod:`.gatekeeper`); a frame longer than the
@@ -26,6 +31,7 @@ any way, is dropped and counted; it never reaches pickle and never stops the
 loop.
 """
 
+import contextlib
 import ipaddress
 import logging
 import os
@@ -59,6 +65,7 @@ from sklearn_gpu_bridge.version import __version__
 from .cache import ArrayCache
 from .caught_warnings import caught_warnings
 from .clients import Clients
+from .devices import Devices, device_failure, parse_gpus
 from .dispatch import WORK, Operations
 from .fastpath import FastPath, open_doorbell
 from .gatekeeper import DOMAIN, Gatekeeper, Handshakes
@@ -138,7 +145,8 @@ class Worker(QuickOps, FastPath):
                  curve_secret_key=WORKER_DEFAULTS["curve_secret_key"], curve_allow=WORKER_DEFAULTS["curve_allow"],
                  client_timeout=WORKER_DEFAULTS["client_timeout"], max_queued=WORKER_DEFAULTS["max_queued"],
                  max_frame_mb=WORKER_DEFAULTS["max_frame_mb"], array_cache_mb=WORKER_DEFAULTS["array_cache_mb"],
-                 watch_ms=WORKER_DEFAULTS["watch_ms"], idle_exit=WORKER_DEFAULTS["idle_exit"]):
+                 watch_ms=WORKER_DEFAULTS["watch_ms"], idle_exit=WORKER_DEFAULTS["idle_exit"],
+                 gpus=WORKER_DEFAULTS["gpus"]):
         self.key, self.curve, self.curve_allowed = check_settings(
             bind=bind, key=key, key_file=key_file, curve_secret_key=curve_secret_key, curve_allow=curve_allow,
             watch_ms=watch_ms)
@@ -158,7 +166,8 @@ class Worker(QuickOps, FastPath):
         if connection_file:  # refused now, before the backend warms up, if others may write where it goes
             prepare_folder_of(connection_file)
         self.watch_ms = float(watch_ms)
-        self.handles = HandleTable()
+        self.devices = open_devices(backend, gpus)
+        self.handles = HandleTable(on_device=backend.on_device if self.devices.driven else None)
         self.operations = Operations(backend, self.handles)
         cache_bytes = int(array_cache_mb * (1 << 20))
         self.array_cache = ArrayCache(cache_bytes) if cache_bytes > 0 else None
@@ -166,10 +175,11 @@ class Worker(QuickOps, FastPath):
         self.pinning = backend.host_pinning()
         self.clients = Clients(self.handles, self.array_cache, pool_dirs, float(client_timeout or 0),
                                on_free=self._cancel, pinning=self.pinning)
-        self.queue = FairQueue(self._work, threads=threads, max_queued=max_queued,
+        several = len(self.devices) > 1
+        self.queue = FairQueue(self._work, threads=threads * len(self.devices), max_queued=max_queued,
                                cost=lambda item: DEVICE_MEMORY_FACTOR * self._carried_bytes(item),
-                               budget=backend.memory_budget(), after=self._follow,
-                               may_start=self.clients.ready)
+                               devices=self.devices, affinity=self._affinity if several else None,
+                               after=self._follow, may_start=self.clients.ready)
         self.counts = Counter()
         self.refused = Counter()  # messages dropped before their signature: too many frames
         self._dropped_logged_at, self._dropped_unlogged = -1e9, 0
@@ -190,7 +200,9 @@ class Worker(QuickOps, FastPath):
 
     def start(self):
         """Warm up, bind, and write the connection file (which means: ready)."""
-        self.backend.warm_up()
+        for device in self.devices:
+            with self._on(device):
+                self.backend.warm_up()
         raise_file_limit()
         self.router = self.context.socket(zmq.ROUTER)
         self.router.linger = 0
@@ -446,6 +458,15 @@ class Worker(QuickOps, FastPath):
             cached = lambda key: getattr(cache.get((client, key)), "nbytes", 0)  # noqa: E731
         return input_bytes(header, buffers, pool_segment, cached)
 
+    def _affinity(self, item):
+        """The device a queued request must run on: that of the model it reads; None for any other."""
+        header = item[1]
+        return self.handles.device_of(header.get("handle"), header.get("client"))
+
+    def _on(self, device):
+        """The context a request on ``device`` runs in: the device current (where the worker drives it)."""
+        return self.backend.on_device(device.index) if self.devices.driven else contextlib.nullcontext()
+
     def _cancel(self, client):
         """Drop the work a freed client still has waiting: it never runs, and its replies would reach no one."""
         self._disarm_client(client)
@@ -495,8 +516,8 @@ class Worker(QuickOps, FastPath):
 
     # ------------------------------------------------------------ running work
 
-    def _work(self, item):
-        """Run a queued work request on this executor thread and send its reply."""
+    def _work(self, item, device):
+        """Run a queued work request on this executor thread, on ``device``, and send its reply."""
         identity, header, buffers, state, arrived = item
         try:
             self.session.check_buffers(header, buffers)
@@ -505,10 +526,11 @@ class Worker(QuickOps, FastPath):
             self._log_dropped(exc)
             return
         try:
-            frames = self._handle(header, buffers, arrived)
+            with self._on(device):
+                frames = self._handle(header, buffers, arrived, device)
         except Exception as exc:  # noqa: BLE001 - a bug here must still answer, or the client waits forever
             log.exception("a request failed outside its operation")
-            frames = self._error_reply(header, exc)
+            frames = self._error_reply(header, exc, device)
         try:
             self._publish(header, frames)
         finally:
@@ -517,12 +539,15 @@ class Worker(QuickOps, FastPath):
         # Only now drop the models the request released: freeing one takes milliseconds (a forest of 100
         # trees takes 10-14 ms on an H200), which the reply need not wait for. Peak memory is what cuML
         # in process has too, where rebinding a name frees the old model after the new one is fitted.
-        self._local.freed = None
+        freed, self._local.freed = self._local.freed, None
+        if freed:
+            self.handles.drop(freed)
 
-    def _handle(self, header, buffers, arrived=None):
+    def _handle(self, header, buffers, arrived=None, device=None):
         """Run one operation, quick or work; always returns reply frames, never raises.
 
-        ``arrived``: when the message was read (CLOCK_MONOTONIC seconds); None: now.
+        ``arrived``: when the message was read (CLOCK_MONOTONIC seconds); None: now. ``device``: the device a
+        work request runs on (current already).
         """
         started = time.monotonic() if arrived is None else arrived
         request = None
@@ -533,11 +558,16 @@ class Worker(QuickOps, FastPath):
                 self._local.freed = freed
                 request = FramesRequest(header, buffers, clients=self.clients, backend=self.backend,
                                         pinning=self.pinning, array_cache=self.array_cache)
+                if self.devices.driven:
+                    device.check()
+                    request.device = device.index
             with caught_warnings() as caught:  # this thread's alone: requests of other clients run beside it
                 if quick is not None:
                     fields, reply_buffers = quick(self, header), []
                 else:
                     fields, reply_buffers = request.reply(self.operations.run(request))
+                    if device is not None:
+                        device.served()
             # when the message arrived and its reply was ready (CLOCK_MONOTONIC, which processes on one
             # host share): the client tells the worker's share of a call from the sockets'
             reply = {"op": "reply", "id": new_id(), "parent": header.get("id"), **fields,
@@ -548,16 +578,25 @@ class Worker(QuickOps, FastPath):
                 reply["warnings"] = caught
             return self.session.pack(reply, reply_buffers)
         except Exception as exc:  # noqa: BLE001 - every failure becomes an error reply
-            return self._error_reply(header, exc)
+            return self._error_reply(header, exc, device)
         finally:
             if request is not None:
                 request.let_go()
 
-    def _error_reply(self, header, exc):
+    def _error_reply(self, header, exc, device=None):
         reply = {"op": "error", "id": new_id(), "parent": header.get("id"), **describe(exc, to_plain)}
         if isinstance(exc, MemoryError):
             reply["message"] += memory_note(header, self.backend)
             reply["args"] = (reply["message"],)
+        kind = device_failure(exc) if device is not None and len(self.devices) > 1 else None
+        if kind is not None:  # the device is named, and the request alone fails: the other devices carry on
+            gave_up = device.failure(kind, exc)
+            what = "out of device memory" if kind == "memory" else "a CUDA error"
+            reply["message"] += f" [worker: {what} on {device.name}; its other GPUs carry on" + (
+                f"; {device.name} now counts as unusable: {device.unusable}]" if gave_up else "]")
+            reply["args"] = (reply["message"],)
+            if gave_up:
+                log.error("%s is unusable from now on: %s", device.name, device.unusable)
         try:
             return self.session.pack(reply)
         except Exception:  # noqa: BLE001 - e.g. args too odd to pickle: send the text alone
@@ -571,6 +610,18 @@ class Worker(QuickOps, FastPath):
         if not isinstance(handles, list):
             raise ProtocolError("'release' must be a list of handles")
         return handles
+
+
+def open_devices(backend, gpus):
+    """The :class:`.devices.Devices` of the ``gpus`` setting: None, the process's current device as it is; else
+    the GPUs it names, each one made ready (``backend.open_devices``)."""
+    if gpus is None:
+        return Devices([backend.memory_budget()])
+    indices = parse_gpus(gpus, backend.device_count())
+    devices = Devices(backend.open_devices(indices), indices, driven=True)
+    log.info("driving %s", ", ".join(f"{d.name} (budget {d.budget if d.budget is not None else 'none'})"
+                                    for d in devices))
+    return devices
 
 
 def _segment_size(attachment, segment):

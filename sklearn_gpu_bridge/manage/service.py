@@ -505,7 +505,7 @@ def _client_view(info, connection_file):
         conn.close()
     out.update(backend=reply.get("backend"), versions=reply.get("versions") or {}, uptime=reply.get("uptime"),
                idle_exit=reply.get("idle_exit"), handles=reply.get("handles"), requests=reply.get("requests") or {},
-               refused=reply.get("refused") or {}, pools=reply.get("pools"))
+               refused=reply.get("refused") or {}, pools=reply.get("pools"), gpus=reply.get("gpus"))
     measured = current_record(connection_file)
     if measured:
         out["transport_measured"] = measured
@@ -560,6 +560,21 @@ def format_status(result: dict[str, Any]) -> str:
         rows.append(("versions", ", ".join(f"{k} {v}" for k, v in versions.items())))
         rows.append(("GPU", f"{gpu}, {memory / 2**30:.1f} GiB" if gpu and memory else gpu or "none reported"))
         rows.append(("handles", f"{result.get('handles', 0)} live"))
+        gpus = result.get("gpus") or []
+        if len(gpus) > 1 or (gpus and result.get("backend") == "cuml"):  # the CPU backend's one stand-in: no row
+
+            def gib(n):
+                return f"{n / 2**30:.1f} GiB"
+
+            for gpu in gpus:
+                text = (f"requests {gpu['requests']} (running {gpu['running']}, queued {gpu['queued']}, failed "
+                        f"{gpu['failed']}), {gpu['handles']} handles; memory: "
+                        + (f"admitted {gib(gpu['in_use'])} of {gib(gpu['budget'])} (peak {gib(gpu['peak_in_use'])})"
+                           if gpu["budget"] is not None else "no budget")
+                        + (f", in use {gib(gpu['memory_used'])}" if gpu["memory_used"] is not None else ""))
+                if gpu.get("unusable"):
+                    text += f"; UNUSABLE: {gpu['unusable']}"
+                rows.append((f"GPU {gpu['index']}", text))
         requests = result.get("requests") or {}
         if requests:
             rows.append(("requests", ", ".join(f"{k} {v}" for k, v in sorted(requests.items()))))
