@@ -398,6 +398,7 @@ def test_ipython_extension_installs_and_adds_a_report_magic():
         assert accel.is_installed() and magics["accel_report"][1] == "line"
     finally:
         accel.uninstall()
+        report.reset()  # the report install opened (its folder goes)
         os.environ.clear()
         os.environ.update(saved)
 
