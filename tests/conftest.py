@@ -116,6 +116,23 @@ class RawClient:
         self.context.term()
 
 
+@pytest.fixture
+def accelerated():
+    """accel installed in this process for one test, then taken out (with the environment it set and the
+    report it opened)."""
+    from sklearn_gpu_bridge import accel
+    from sklearn_gpu_bridge.accel import report
+
+    saved = dict(os.environ)
+    accel.install()
+    report.reset()
+    yield
+    accel.uninstall()
+    report.reset()
+    os.environ.clear()
+    os.environ.update(saved)
+
+
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_makereport(item, call):
     report = yield

@@ -109,19 +109,6 @@ def _lines(text):
     return [line for line in text.splitlines() if line and not line.startswith(("/", " "))]
 
 
-@pytest.fixture
-def accelerated():
-    """accel installed in this process for one test, then taken out (with the environment it set)."""
-    saved = dict(os.environ)
-    accel.install()
-    report.reset()
-    yield
-    accel.uninstall()
-    report.reset()
-    os.environ.clear()
-    os.environ.update(saved)
-
-
 # ---------------------------------------------------------------- scripts, unmodified
 
 

@@ -7,7 +7,6 @@ the very problems libsvm solves); on cuML, predictions nearly all and decision v
 solvers' tolerance.
 """
 
-import os
 import pickle
 
 import numpy as np
@@ -42,19 +41,6 @@ def assert_like_sklearn(bridged, expected, X):
     else:
         assert (predicted == expected).mean() >= 0.995
         np.testing.assert_allclose(scores, expected_scores, rtol=2e-2, atol=2e-2)
-
-
-@pytest.fixture
-def accelerated():
-    """accel installed in this process for one test, then taken out (with the environment it set)."""
-    saved = dict(os.environ)
-    accel.install()
-    report.reset()
-    yield
-    accel.uninstall()
-    report.reset()
-    os.environ.clear()
-    os.environ.update(saved)
 
 
 def _served(call):
