@@ -3,7 +3,7 @@
 # the others. From the checkout, after cuML is installed (../shared/gpu/README.md):
 #
 #   bash benchmarks/on_gpu.sh setup                                # installs, then copies the suite to /tmp/run
-#   bash benchmarks/on_gpu.sh tests table grid overhead dask accel
+#   bash benchmarks/on_gpu.sh tests table grid users overhead dask accel gpus
 #
 # Every stage but setup runs in /tmp/run, beside the installed package. Logs and JSON go to $OUT
 # (default: benchmarks/results/gpu-<model>, e.g. gpu-h200).
@@ -38,6 +38,12 @@ for stage in "$@"; do
       step 900 e2e-table.txt python3 benchmarks/e2e.py --parts cases --out "$OUT/e2e-table.json" ;;
     grid)  # GridSearchCV with n_jobs 1, 4, -1 against scikit-learn and cuML; accuracies; worker memory
       step 600 e2e-grid.txt python3 benchmarks/e2e.py --parts grid,accuracy,memory --out "$OUT/e2e-grid.json" ;;
+    users)  # as users meet it: fresh scripts' first fit, one search in a fresh process; the frames path
+      step 900 e2e-users.txt python3 benchmarks/e2e.py --parts users --out "$OUT/e2e-users.json"
+      step 600 e2e-frames.txt python3 benchmarks/e2e.py --parts cases --only "10000x1280|1M x 50" \
+        --no-sklearn-large --transport frames --array-cache off --out "$OUT/e2e-frames.json" ;;
+    gpus)  # one worker driving every GPU against the same worker on one GPU (a box of 2 or more)
+      step 600 multi-gpu.txt python3 benchmarks/multi_gpu.py --out "$OUT/multi-gpu.json" ;;
     overhead)  # per-call cost and transport throughput against the same work in process
       step 300 overhead.txt python3 benchmarks/overhead.py --backend cuml --out "$OUT/overhead.json" ;;
     dask)  # GridSearchCV over a LocalCUDACluster of 1 GPU and of all of them
