@@ -208,6 +208,7 @@ def _print_status(result: dict[str, Any]) -> None:
               help="Where the worker's log goes (appended). Default: next to the connection file, .log.")
 @click.option("--log-level", default=W["log_level"], type=LOG_LEVELS)
 @click.option("--threads", default=W["threads"], type=click.IntRange(1), help="Estimator calls run at once.")
+@click.option("--gpus", default=W["gpus"], help="GPUs to drive: all, or indices such as 0,1. Default: the first GPU.")
 @_device_memory_option
 @click.option("--port", default=W["port"], type=click.IntRange(0, 65535),
               help="TCP port on 127.0.0.1; 0 picks a free one.")
@@ -219,7 +220,7 @@ def _print_status(result: dict[str, Any]) -> None:
 @click.option("--measure/--no-measure", default=None,
               help="Measure the transport paths once ready (default: with --wsl) for transport=auto.")
 def start(backend: str, connection_file: str | None, log_file: str | None, log_level: str, threads: int,
-          device_memory: str, port: int, pool_dirs: tuple[str, ...], use_wsl: bool, distro: str | None,
+          gpus: str | None, device_memory: str, port: int, pool_dirs: tuple[str, ...], use_wsl: bool, distro: str | None,
           python: str | None, startup_timeout: float | None, measure: bool | None) -> None:
     """Start a worker in the background and wait until it is ready.
 
@@ -232,7 +233,7 @@ def start(backend: str, connection_file: str | None, log_file: str | None, log_l
 
     try:
         result = start_worker(backend=backend, connection_file=connection_file, log_file=log_file,
-                              log_level=log_level, threads=threads, device_memory=device_memory, port=port,
+                              log_level=log_level, threads=threads, gpus=gpus, device_memory=device_memory, port=port,
                               pool_dirs=pool_dirs,
                               python=python, use_wsl=use_wsl, distro=distro, startup_timeout=startup_timeout,
                               measure=measure)

@@ -93,6 +93,18 @@ def test_start_again_says_already_running(background):
     assert "already running" in again.stdout and f"pid {background.pid}" in again.stdout
 
 
+def test_start_drives_the_gpus_it_is_given(tmp_path):
+    """``start --gpus 0,1``: the background worker drives both (simulated on the scikit-learn backend)."""
+    env = _env(tmp_path)
+    started = cli(env, "start", "--backend", "sklearn", "--gpus", "0,1")
+    try:
+        assert started.returncode == 0, started.stderr
+        status = json.loads(cli(env, "status", "--json").stdout)
+        assert [gpu["index"] for gpu in status["gpus"]] == [0, 1]
+    finally:
+        assert cli(env, "stop", "--timeout", "5").returncode == 0
+
+
 def test_a_client_uses_the_background_worker_by_default(background):
     script = textwrap.dedent("""
         import json, numpy as np, sklearn_gpu_bridge

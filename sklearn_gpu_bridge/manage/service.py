@@ -165,8 +165,10 @@ def start(*, backend: str = "auto", connection_file: str | os.PathLike | None = 
           device_memory: str = WORKER_DEFAULTS["device_memory"], bind: str = WORKER_DEFAULTS["bind"], port: int = 0,
           pool_dirs: Sequence[str | os.PathLike] = (), python: str | None = None, use_wsl: bool = False,
           distro: str | None = None, startup_timeout: float | None = None, measure: bool | None = None,
-          wsl_exe: str | None = None, windows: bool | None = None) -> dict[str, Any]:
+          wsl_exe: str | None = None, windows: bool | None = None, gpus: str | None = None) -> dict[str, Any]:
     """Start a background worker, wait until it is ready, and return what ``status`` returns.
+
+    ``gpus``: the GPUs it drives (the worker setting ``gpus``: "all", "0,1"; None: the first).
 
     ``use_wsl``: run it inside WSL2 (``distro``, ``python``: the Python there).
     ``measure``: after start, measure the transport candidates (default: with WSL).
@@ -198,7 +200,7 @@ def start(*, backend: str = "auto", connection_file: str | os.PathLike | None = 
             _launch(connection_file, config, backend=backend, log_file=log_file, log_level=log_level,
                     threads=threads, device_memory=device_memory, bind=bind, port=port, pool_dirs=pool_dirs,
                     python=python, use_wsl=use_wsl, distro=distro, startup_timeout=startup_timeout,
-                    wsl_exe=wsl_exe, windows=windows)
+                    wsl_exe=wsl_exe, windows=windows, gpus=gpus)
     except TimeoutError as exc:
         raise ServiceError(str(exc)) from None
     ready_seconds = time.monotonic() - started
@@ -213,18 +215,19 @@ def start(*, backend: str = "auto", connection_file: str | os.PathLike | None = 
 
 
 def _launch(connection_file, config, *, backend, log_file, log_level, threads, device_memory, bind, port,
-            pool_dirs, python, use_wsl, distro, startup_timeout, wsl_exe, windows):
+            pool_dirs, python, use_wsl, distro, startup_timeout, wsl_exe, windows, gpus=None):
     """Start the worker (here or inside WSL2), keep what is known of it, and wait until it is ready."""
     if use_wsl:
         distro = distro or config["wsl_distro"]
         python = python or config["wsl_python"]
         argv, state = _wsl_launch(connection_file, backend=backend, log_level=log_level, threads=threads,
                                   device_memory=device_memory, bind=bind, port=port, pool_dirs=pool_dirs,
-                                  python=python, distro=distro, wsl_exe=wsl_exe or find_wsl_exe(), windows=windows)
+                                  python=python, distro=distro, wsl_exe=wsl_exe or find_wsl_exe(), windows=windows,
+                                  gpus=gpus)
     else:
         argv = worker_argv(None if python in (None, sys.executable) else python, connection_file=connection_file,
                            backend=backend, log_level=log_level, threads=threads, device_memory=device_memory,
-                           bind=bind, port=port, pool_dirs=pool_dirs)
+                           bind=bind, port=port, pool_dirs=pool_dirs, gpus=gpus)
         state = {"wsl": None, "pool_candidates": [
             {"name": "pool-dir", "client": str(d), "worker": str(d)} for d in pool_dirs]}
     process = spawn(argv, log_file, cwd=connection_file.parent, detached=True, windows=windows,
@@ -291,7 +294,7 @@ def run_probe(*, python, use_wsl, distro=None, wsl_exe=None, params=None, timeou
 
 
 def _wsl_launch(connection_file, *, backend, log_level, threads, device_memory, bind, port, pool_dirs, python,
-                distro, wsl_exe, windows):
+                distro, wsl_exe, windows, gpus=None):
     """(wsl.exe command line, state) for a worker in WSL2 writing its file where this side reads it."""
     folder = Path(connection_file).parent
     shared_pool = folder / "pool"  # on the Windows disk: /mnt/<drive>/... inside WSL
@@ -321,7 +324,7 @@ def _wsl_launch(connection_file, *, backend, log_level, threads, device_memory, 
         worker_argv(probe.get("executable") or python,  # the probe's: an absolute path
                     connection_file=inside(folder) + "/" + Path(connection_file).name, safe_path=False,
                     backend=backend, log_level=log_level, threads=threads, device_memory=device_memory,
-                    bind=bind, port=port,
+                    bind=bind, port=port, gpus=gpus,
                     pool_dirs=list(dict.fromkeys(worker_pool_dirs))),
         distro=distro, wsl_exe=wsl_exe,
     )
