@@ -14,7 +14,6 @@ from sklearn.datasets import make_classification
 from sklearn.model_selection import GridSearchCV
 
 import sklearn_gpu_bridge as sgb
-from sklearn_gpu_bridge import callbacks
 from sklearn_gpu_bridge.config import ENV_CONNECTION_FILE
 
 sklearn_callback = pytest.importorskip("sklearn.callback", reason="scikit-learn 1.9's callbacks")
@@ -111,18 +110,22 @@ def test_a_search_propagates_its_callbacks_to_each_fit_on_the_worker(connection)
     assert not hasattr(search.best_estimator_, "_parent_callback_ctx")
 
 
-def test_the_same_helper_gives_a_served_scikit_learn_estimator_its_callbacks(connection):
-    """What accel needs: the user's scikit-learn estimator sees its own callbacks around the worker's fit."""
+def test_under_accel_a_served_estimator_keeps_its_callbacks_around_its_fit_on_the_worker(accelerated, connection):
+    """The user's scikit-learn estimator sees its own callbacks, though its fit ran on the worker."""
     from sklearn.linear_model import LogisticRegression
+
+    from sklearn_gpu_bridge.accel import report
 
     X, y = make_classification(n_samples=60, n_features=4, random_state=5)
     recorder = Recorder()
-    estimator = LogisticRegression().set_callbacks(recorder)
-    wrapper = sgb.GPULogisticRegression()
-    callbacks.fit_task(estimator, lambda: wrapper.fit(X, y), X=X, y=y)
+    before = connection.status()["requests"].get("fit", 0)
+    estimator = LogisticRegression().set_callbacks(recorder).fit(X, y)
+    assert connection.status()["requests"].get("fit", 0) == before + 1
+    assert report.calls()["LogisticRegression.fit"]["worker"] == 1
     assert [event[:2] for event in recorder.events] == [("setup", "LogisticRegression"), ("begin", "LogisticRegression"),
                                                         ("end", "LogisticRegression"), ("teardown", "LogisticRegression")]
-    assert wrapper.__sklearn_is_fitted__()
+    assert recorder.shapes == ((60, 4), 60, {"sample_weight": None})
+    assert estimator.coef_.shape == (1, 4)
 
 
 def test_without_sklearn_callback_the_wrappers_fit_as_before(tmp_path, connection):
