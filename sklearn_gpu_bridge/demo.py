@@ -19,7 +19,9 @@ from sklearn.preprocessing import StandardScaler
 from sklearn.svm import SVC
 
 from .client import get_connection
+from .config import get_config
 from .estimators import GPUPCA, GPUSVC, GPUStandardScaler
+from .manage.local_worker import is_warm_local_worker
 
 GRID = {"svm__C": [1, 10, 100], "svm__gamma": ["scale", 0.005]}
 
@@ -71,3 +73,7 @@ def run_demo(repeats=3, echo=print):
         echo(f"\njoblib.dump / joblib.load of the best pipeline: {path.stat().st_size} bytes, "
              f"same predictions after loading: {same}")
     echo(f"transport: {dict(connection.stats)}")
+    if is_warm_local_worker(getattr(connection.transport, "connection_file", None)):
+        idle = get_config()["local_worker_idle"]
+        echo(f"\nthe local worker (pid {connection.info.pid}) stays warm for {idle / 60:.0f} min after this, for your "
+             "next script; sklearn-gpu-bridge status shows it, sklearn-gpu-bridge stop ends it")

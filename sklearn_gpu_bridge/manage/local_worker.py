@@ -57,6 +57,11 @@ def is_local_connection_file(path):
     return _NAME.match(path.name) is not None and path.parent == runtime_folder()
 
 
+def is_warm_local_worker(path):
+    """Whether ``path`` is the connection file of a local worker kept warm between scripts."""
+    return path is not None and is_local_connection_file(path) and Path(path).name.startswith("local-warm-")
+
+
 def warm_tag(backend):
     """What a warm worker must share with the client that reuses it: interpreter, the package's code (its
     version, and when its files last changed: a checkout being edited), backend, and the environment the
