@@ -33,9 +33,10 @@ SETTINGS = ("auto", "off")
 
 
 def install():
-    """Patch scikit-learn's Parallel (idempotent)."""
+    """Patch scikit-learn's Parallel (idempotent). Not with joblib < 1.3, which cannot tell a backend the
+    user chose from its default."""
     cls = sklearn_parallel.Parallel
-    if getattr(cls.__call__, MARK, False):
+    if getattr(cls.__call__, MARK, False) or not hasattr(joblib.parallel, "default_parallel_config"):
         return
     cls.__init__ = _remember_choice(cls.__init__)
     cls.__call__ = _threads_for_worker_tasks(cls.__call__)
