@@ -412,6 +412,9 @@ def test_a_peer_without_the_key_cannot_stall_or_bloat_the_worker(tcp_worker, kin
         honest = threading.Thread(target=_honest_round_trips, args=(connection, stop, times, errors))
         flooder = threading.Thread(target=_flood, args=(tcp_worker.info.address, kind, stop))
         honest.start()
+        # at work before the flood starts, as the clients a flood would hurt are (a connection made during one may
+        # be closed in its handshake, the oldest beyond 32 going, and is made again)
+        assert wait_until(lambda: times or errors, 30) and not errors, errors[:3]
         flooder.start()
         flooder.join(timeout=120)
         stop.set()
