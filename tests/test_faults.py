@@ -94,6 +94,7 @@ def test_worker_sigkilled_mid_call_raises_worker_lost_within_3_s(fresh_worker, a
     assert not thread.is_alive(), "the client hung on a dead worker"
     assert isinstance(outcome.get("error"), WorkerLost), outcome
     assert "closed during a 'fit' request" in str(outcome["error"])
+    assert "ZeroMQ's DISCONNECTED" in str(outcome["error"])  # the event that showed it, named
     took = outcome["at"] - killed_at
     record("worker_sigkill_to_worker_lost", seconds=round(took, 4), attempt=attempt, reply_wait=reply_wait)
     assert took < LOST_WITHIN

@@ -33,6 +33,13 @@ def dealer(info, connect=True):
     return sock
 
 
+def _event_name(event):
+    try:
+        return zmq.Event(event).name
+    except ValueError:
+        return f"event {event}"
+
+
 class Link:
     """One thread's sockets: requests, a monitor of the connection, and (when needed) pings; and the block of
     the pool where the worker may watch for this thread's next request (transport.reply_slot)."""
@@ -49,6 +56,7 @@ class Link:
             zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_HANDSHAKE_SUCCEEDED
             | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
         self._proven = False  # the current connection finished its handshake: it may carry messages
+        self.drop_event = None  # the monitor event by which the last look found the connection dropped
         self.socket.connect(info.address)  # after the monitor: no event is missed
         self.pinger = None
         self.copies = 0  # ZeroMQ copies of replies already read from the pool, not yet dropped
@@ -117,7 +125,7 @@ class Link:
         is sent on the next connection, which ZeroMQ makes at once; not a loss. A
         handshake the worker refused (credentials that do not match) is one.
         """
-        dropped = False
+        dropped, self.drop_event = False, None
         while message_waits(self.events):
             event = recv_monitor_message(self.events)["event"]
             if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
@@ -127,6 +135,8 @@ class Link:
                 self._proven = False
             else:  # a refused connect, refused credentials
                 dropped = True
+            if dropped and self.drop_event is None:
+                self.drop_event = _event_name(event)  # what the error names
         return dropped
 
     def ping_socket(self):

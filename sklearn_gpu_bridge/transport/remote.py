@@ -276,7 +276,7 @@ class RemoteTransport(FastPath, Transport):
                 link.copies = max(0, link.copies - 1)
             if link.events in events and link.disconnected():
                 raise self._lost(f"the connection to the worker at {self.info.address} closed during a {op!r} "
-                                 "request (the worker stopped or was killed)")
+                                 f"request (the worker stopped or was killed; ZeroMQ's {link.drop_event})")
             if link.pinger is not None and link.pinger in events:
                 pong = self._receive(link.pinger)
                 if pong is not None and pong[0].get("parent") == ping_id:
