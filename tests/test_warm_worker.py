@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from sklearn_gpu_bridge.runtime.connection_file import start_lock_path
 from sklearn_gpu_bridge.runtime.private_files import ExclusiveLock, pid_alive, terminate
 
 from .conftest import bare_env, wait_until
@@ -89,8 +90,7 @@ def test_an_idle_worker_waits_while_a_client_holds_its_start_lock(warm_env):
     """A client that has found the worker holds the start lock until it has connected: the worker, idle,
     does not stop under it (it would leave that client without a worker)."""
     report = _script(warm_env, SKLEARN_GPU_BRIDGE_LOCAL_WORKER_IDLE="1")
-    lock = os.path.splitext(report["file"])[0] + ".lock"
-    with ExclusiveLock(lock, 5):
+    with ExclusiveLock(start_lock_path(report["file"]), 5):
         time.sleep(3)  # past its idle time, and a sweep
         assert pid_alive(report["pid"]) and os.path.exists(report["file"])
     assert wait_until(lambda: not pid_alive(report["pid"]), 30)

@@ -55,6 +55,7 @@ from sklearn_gpu_bridge.runtime.connection_file import (
     prepare_folder_of,
     read_key_file,
     signing_key,
+    start_lock_path,
     write_connection_file,
 )
 from sklearn_gpu_bridge.runtime.keys import bind_hint, derived_client_pair, load_public, load_secret, plain_password
@@ -300,7 +301,7 @@ class Worker(QuickOps, FastPath):
             log.info("no client for %.0f s; stopping", self.idle_exit)
             return True
         try:
-            with ExclusiveLock(Path(self.connection_file).with_suffix(".lock"), 0, "the start lock"):
+            with ExclusiveLock(start_lock_path(self.connection_file), 0, "the start lock"):
                 if not self._idle():
                     return False  # a client came while the lock was taken
                 log.info("no client for %.0f s; stopping", self.idle_exit)

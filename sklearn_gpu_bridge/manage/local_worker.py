@@ -26,6 +26,7 @@ there nor redirect its log.
 """
 
 import atexit
+import functools
 import hashlib
 import itertools
 import logging
@@ -40,7 +41,7 @@ from pathlib import Path
 from ..config import WORKER_ENV_PREFIX
 from ..errors import ConfigurationError, WorkerUnavailable
 from ..progress import waiting
-from ..runtime.connection_file import read_connection_file
+from ..runtime.connection_file import read_connection_file, start_lock_path
 from ..runtime.private_files import ExclusiveLock, pid_alive, runtime_folder, terminate
 from ..version import __version__
 from .launcher import spawn, wait_ready, worker_argv
@@ -72,8 +73,10 @@ def warm_tag(backend):
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
+@functools.cache
 def _code_changed():
-    """The latest modification time of the package's modules (a millisecond or two of stat calls)."""
+    """The latest modification time of the package's modules: a few milliseconds of stat calls, once a process
+    (code that changes under a running process is not the code it runs)."""
     package = sys.modules[__package__.partition(".")[0]]
     latest = 0
     for folder in map(Path, package.__path__):
@@ -87,8 +90,12 @@ def _code_changed():
 
 def local_connection_file(backend, idle):
     """The connection file of the local worker this process would use (there or not)."""
-    name = f"warm-{warm_tag(backend)}" if idle > 0 else str(owner_pid())
-    return runtime_folder() / f"local-{name}.json"
+    return warm_connection_file(backend) if idle > 0 else runtime_folder() / f"local-{owner_pid()}.json"
+
+
+def warm_connection_file(backend):
+    """The connection file of the warm local worker this environment's scripts share (there or not)."""
+    return runtime_folder() / f"local-warm-{warm_tag(backend)}.json"
 
 
 def owner_pid():
@@ -120,7 +127,7 @@ def local_worker(backend, startup_timeout, idle, preferred=None):
         path = Path(preferred)
     else:
         path = local_connection_file(backend, idle)
-    lock = ExclusiveLock(path.with_suffix(".lock"), startup_timeout, "the local worker's start lock")
+    lock = ExclusiveLock(start_lock_path(path), startup_timeout, "the local worker's start lock")
     try:
         with lock:
             process = None

@@ -38,7 +38,7 @@ from ..config import WORKER_DEFAULTS, get_config
 from ..errors import BridgeError, ConfigurationError, ProtocolError, WorkerUnavailable
 from ..progress import format_seconds, waiting
 from ..protocol import Session, new_id
-from ..runtime.connection_file import default_connection_file, read_connection_file
+from ..runtime.connection_file import default_connection_file, read_connection_file, start_lock_path
 from ..runtime.private_files import (
     ExclusiveLock,
     doorbell_path,
@@ -52,7 +52,7 @@ from ..transport.link import dealer
 from ..version import __version__
 from . import wsl
 from .launcher import spawn, wait_ready, worker_argv
-from .local_worker import local_connection_file
+from .local_worker import warm_connection_file
 from .measure import measure as measure_transports
 from .state_file import read_state, state_path, write_state
 from .transport_select import candidates_for, choose, client_transport, current_record, record
@@ -76,8 +76,7 @@ def resolve_connection_file(connection_file=None):
     if chosen:
         return Path(chosen)
     if not default_connection_file().exists():
-        config = get_config()
-        warm = local_connection_file(config["local_backend"], max(config["local_worker_idle"], 1))
+        warm = warm_connection_file(get_config()["local_backend"])
         if warm.exists():
             return warm
     return default_connection_file()
@@ -86,10 +85,6 @@ def resolve_connection_file(connection_file=None):
 def default_log_file(connection_file):
     """``.../worker.json`` -> ``.../worker.log``."""
     return Path(connection_file).with_suffix(".log")
-
-
-def _lock_path(connection_file):
-    return Path(connection_file).with_suffix(".lock")
 
 
 # ---------------------------------------------------------------- talking to a worker without a Connection
@@ -190,7 +185,7 @@ def start(*, backend: str = "auto", connection_file: str | os.PathLike | None = 
         raise ServiceError(f"{planted} beside the connection file is another user's (or a link): it is never read; "
                            f"remove it, or choose a folder of your own for --connection-file")
     try:
-        with ExclusiveLock(_lock_path(connection_file), startup_timeout, "another start"):
+        with ExclusiveLock(start_lock_path(connection_file), startup_timeout, "another start"):
             if _answering(connection_file) is not None:
                 result = status(connection_file=connection_file)
                 result["already_running"] = True

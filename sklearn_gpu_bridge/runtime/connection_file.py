@@ -83,6 +83,12 @@ def default_connection_file():
     return base / "sklearn-gpu-bridge" / "worker.json"
 
 
+def start_lock_path(path):
+    """The lock beside connection file ``path`` held by whoever starts its worker, and by a worker that stops
+    for idleness (``.../worker.json`` -> ``.../worker.lock``)."""
+    return Path(path).with_suffix(".lock")
+
+
 def prepare_folder_of(path):
     """Make the folder of the connection file ``path`` (0700, and its missing parents, whatever the umask); the
     default folder must be this user's alone, another one must not let others replace files in it."""
