@@ -84,6 +84,7 @@ class QuickOps:
             "watch_ms": self.watch_ms, "idle_exit": self.idle_exit, "collections": [g["collections"] for g in gc.get_stats()],
             "device_budget": self.queue.budget, "device_in_use": self.queue.in_use, "gpus": self._gpus(),
             "pinned": self.pinning.status() if self.pinning is not None else None,
+            "landing": self.landing.status(),
             "labels_on_host": self.backend.host_labels.taken if self.backend.host_labels is not None else None,
             "versions": self.versions,
             "array_cache": {"entries": len(cache) if cache else 0, "bytes": cache.nbytes if cache else 0,

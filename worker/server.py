@@ -71,6 +71,7 @@ from .dispatch import WORK, Operations
 from .fastpath import FastPath, open_doorbell
 from .gatekeeper import DOMAIN, Gatekeeper, Handshakes
 from .handles import HandleTable
+from .landing import LandingBuffers, keep_frames_in_heap
 from .quick_ops import QuickOps
 from .scheduler import FairQueue
 from .wire import FramesRequest, input_bytes, memory_note
@@ -174,6 +175,7 @@ class Worker(QuickOps, FastPath):
         self.array_cache = ArrayCache(cache_bytes) if cache_bytes > 0 else None
         pool_dirs = list(dict.fromkeys([*pool_dirs, default_directory(), tempfile.gettempdir()]))
         self.pinning = backend.host_pinning()
+        self.landing = LandingBuffers()
         self.clients = Clients(self.handles, self.array_cache, pool_dirs, float(client_timeout or 0),
                                on_free=self._cancel, pinning=self.pinning)
         several = len(self.devices) > 1
@@ -205,6 +207,7 @@ class Worker(QuickOps, FastPath):
             with self._on(device):
                 self.backend.warm_up()
         raise_file_limit()
+        keep_frames_in_heap()
         self.router = self.context.socket(zmq.ROUTER)
         self.router.linger = 0
         self.router.router_handover = 1  # a client link connected again keeps its name (client._Link)
@@ -558,7 +561,8 @@ class Worker(QuickOps, FastPath):
             if quick is None:  # out of the table now; the models themselves go after the reply (_work)
                 self._local.freed = freed
                 request = FramesRequest(header, buffers, clients=self.clients, backend=self.backend,
-                                        pinning=self.pinning, array_cache=self.array_cache)
+                                        pinning=self.pinning, array_cache=self.array_cache,
+                                        landing=self.landing.take)
                 if self.devices.driven:
                     device.check()
                     request.device = device.index

@@ -33,13 +33,14 @@ class FramesRequest(Request):
     """A work request read from a message: ``header`` and its ``buffers`` (frames), decoded lazily.
 
     ``clients`` (:class:`.clients.Clients`) finds the pool the request names;
-    ``backend`` says whether inputs are copied to the device; ``pinning`` and
-    ``array_cache`` are the worker's (None: none). ``kept`` lists the keys of
+    ``backend`` says whether inputs are copied to the device; ``pinning``,
+    ``array_cache`` and ``landing`` (:class:`.landing.LandingBuffers`) are the
+    worker's (None: none). ``kept`` lists the keys of
     the arrays this request asked the worker to keep, and it kept.
     """
 
-    def __init__(self, header, buffers, *, clients, backend, pinning=None, array_cache=None):
-        self.header, self.buffers = header, buffers
+    def __init__(self, header, buffers, *, clients, backend, pinning=None, array_cache=None, landing=None):
+        self.header, self.buffers, self.landing = header, buffers, landing
         self.clients, self.backend, self.pinning, self.array_cache = clients, backend, pinning, array_cache
         self.kept = []
         self._pools = []  # attachments held until let_go
@@ -82,7 +83,7 @@ class FramesRequest(Request):
         cache = None
         if self.array_cache is not None:
             cache = self.array_cache.for_client(header["client"], self.kept)
-        return Decoder(header, self.buffers, read_pool=read_pool, cache=cache)
+        return Decoder(header, self.buffers, read_pool=read_pool, cache=cache, landing=self.landing)
 
     def arguments(self):
         payload = self._decoder().decode(self.header.get("payload") or {})

@@ -428,9 +428,11 @@ class Decoder:
     asks for arrays the caller may modify. ``cache`` (the worker's arrays of
     this client: ``get(key)``, and ``put(key, arr)`` that returns the kept
     private copy) serves "cached" arrays and keeps those sent with "cache".
+    ``landing(nbytes)`` gives the writable uint8 buffer a value sent as
+    several frames is joined into (None: a new one each time).
     """
 
-    def __init__(self, header, buffers, read_pool=None, writeable=False, cache=None):
+    def __init__(self, header, buffers, read_pool=None, writeable=False, cache=None, landing=None):
         self.arrays = header.get("arrays", [])
         if not isinstance(self.arrays, list):
             raise ProtocolError("'arrays' must be a list")
@@ -438,6 +440,7 @@ class Decoder:
         self.read_pool = read_pool
         self.writeable = writeable
         self.cache = cache
+        self.landing = landing
         self.counts = {}  # arrays per path
         self._used = set()  # buffers taken by an array or blob: none is taken twice (nor joined twice)
 
@@ -509,7 +512,7 @@ class Decoder:
         if nbytes is not None and total != nbytes:
             raise ProtocolError("frame size does not match its shape")
         self._used.update(indexes)
-        return parts[0] if len(parts) == 1 else _join(parts, total)
+        return parts[0] if len(parts) == 1 else _join(parts, total, self.landing)
 
     def _array(self, index):
         if type(index) is not int or not 0 <= index < len(self.arrays):
@@ -562,10 +565,10 @@ class Decoder:
         return arr
 
 
-def _join(parts, total):
-    """The frames of one value in one buffer (the one copy of a value sent in several frames); large ones on all
-    cores, a run of whole frames each."""
-    joined = np.empty(total, np.uint8)
+def _join(parts, total, landing=None):
+    """The frames of one value in one buffer (the one copy of a value sent in several frames), from ``landing``
+    where given; large ones on all cores, a run of whole frames each."""
+    joined = np.empty(total, np.uint8) if landing is None else landing(total)
     ends = np.cumsum([part.nbytes for part in parts])
 
     def copy(first, last):

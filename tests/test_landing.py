@@ -1,0 +1,76 @@
+"""Arrays sent as frames land in buffers the worker reuses; one that a model still refers to is never reused."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from sklearn_gpu_bridge.client import connect
+from sklearn_gpu_bridge.worker.landing import LandingBuffers
+
+from .conftest import WorkerProcess
+
+MiB = 1 << 20
+
+
+def test_a_buffer_is_reused_once_nothing_refers_to_it():
+    landing = LandingBuffers(keep_bytes=64 * MiB, min_bytes=MiB)
+    first = landing.take(8 * MiB)
+    address = first.ctypes.data
+    first[:] = 1
+    del first
+    again = landing.take(8 * MiB)
+    assert again.ctypes.data == address
+    kept = again.reshape(-1, 8)[::2]  # what a fitted estimator keeps of its input: a view of a view
+    del again
+    other = landing.take(7 * MiB)
+    other[:] = 2
+    assert other.ctypes.data != address
+    assert (kept == 1).all()
+    assert landing.status() == {"kept": 15 * MiB, "reused": 1, "made": 2}
+
+
+def test_free_buffers_stay_within_their_budget_and_small_ones_are_not_kept():
+    landing = LandingBuffers(keep_bytes=16 * MiB, min_bytes=MiB)
+    landing.take(8 * MiB)
+    landing.take(12 * MiB)  # 8 + 12 free would pass 16: the 8 goes
+    assert landing.status()["kept"] == 12 * MiB
+    landing.take(MiB // 2)
+    landing.take(100 * MiB)  # more than the budget on its own: handed out, not kept
+    assert landing.status() == {"kept": 0, "reused": 0, "made": 3}
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+@pytest.mark.parametrize("user_setting", [None, "MALLOC_TRIM_THRESHOLD_"])
+def test_malloc_keeps_frames_in_its_heap_unless_the_user_said_otherwise(user_setting):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    if user_setting:
+        env[user_setting] = str(64 * MiB)
+    code = "from sklearn_gpu_bridge.worker.landing import keep_frames_in_heap; print(keep_frames_in_heap())"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == ("False" if user_setting else "True")
+
+
+def test_a_model_that_keeps_its_input_keeps_its_buffer(tmp_path):
+    """Over TCP (frames of 1 MiB), a NearestNeighbors fitted on X keeps a view of the buffer X landed in: the
+    arrays sent after it land in other buffers (reused among themselves), and the model still finds X."""
+    process = WorkerProcess(tmp_path, bind="127.0.0.1")
+    connection = connect(process.info, pool="off", array_cache="off")
+    try:
+        rng = np.random.default_rng(0)
+        X = rng.standard_normal((20_000, 50))  # 8 MB: 8 frames
+        fitted = connection.fit("NearestNeighbors", {"algorithm": "brute"}, "fit", [X], {})
+        for _ in range(3):
+            other = rng.standard_normal((20_000, 50))
+            (back,) = connection.echo(other)
+            np.testing.assert_array_equal(back, other)
+        distances, indices = connection.call(fitted.handle, "kneighbors", [X[:5]], {"n_neighbors": 1})
+        np.testing.assert_allclose(distances, 0, atol=1e-6)
+        np.testing.assert_array_equal(indices.ravel(), np.arange(5))
+        landing = connection.status()["landing"]
+        assert landing["made"] >= 2 and landing["reused"] >= 2
+    finally:
+        connection.close()
+        process.stop()
