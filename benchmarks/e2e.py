@@ -398,7 +398,7 @@ n_jobs, candidates, n = map(int, sys.argv[1:4])
 rng = np.random.default_rng(0)
 X = rng.standard_normal((n, 20))
 y = (X[:, 0] + 0.5 * X[:, 1] + 0.3 * rng.standard_normal(len(X)) > 0).astype(int)
-grid = {"svm__C": list(np.logspace(-2, 3, candidates // 3)), "svm__gamma": ["scale", 0.01, 0.1]}
+grid = {"svm__C": list(np.logspace(-1, 2, candidates // 3)), "svm__gamma": ["scale", 0.01, 0.1]}
 started = time.perf_counter()
 search = GridSearchCV(Pipeline([("sc", GPUStandardScaler()), ("svm", GPUSVC())]), grid, cv=3, n_jobs=n_jobs)
 search.fit(X, y)
