@@ -40,8 +40,10 @@ for stage in "$@"; do
       step 600 e2e-grid.txt python3 benchmarks/e2e.py --parts grid,accuracy,memory --out "$OUT/e2e-grid.json" ;;
     users)  # as users meet it: fresh scripts' first fit, one search in a fresh process; the frames path
       step 900 e2e-users.txt python3 benchmarks/e2e.py --parts users --out "$OUT/e2e-users.json"
-      step 600 e2e-frames.txt python3 benchmarks/e2e.py --parts cases --only "10000x1280|1M x 50" \
-        --no-sklearn-large --transport frames --array-cache off --out "$OUT/e2e-frames.json" ;;
+      for cache in off on; do
+        step 300 e2e-frames.txt python3 benchmarks/e2e.py --parts cases --only "10000x1280|1M x 50" \
+          --no-sklearn-large --transport frames --array-cache $cache --out "$OUT/e2e-frames-cache-$cache.json"
+      done ;;
     gpus)  # one worker driving every GPU against the same worker on one GPU (a box of 2 or more)
       step 600 multi-gpu.txt python3 benchmarks/multi_gpu.py --out "$OUT/multi-gpu.json" ;;
     overhead)  # per-call cost and transport throughput against the same work in process
