@@ -120,7 +120,7 @@ def use_device_memory_on(indices, kind):
     RMM's memory resource is per device (``set_current_device_resource`` sets the current device's, and
     ``CudaAsyncMemoryResource`` makes its pool on the current device), so each GPU gets a pool of its own, made
     while it is current; the process's current device has one already (:class:`CumlBackend`). CuPy's allocator
-    is one for the whole process: :func:`_cupy_allocates_itself_on` makes it allocate from each device's own pool.
+    is one for the whole process: :func:`_cupy_allocates_itself_on` makes it RMM's, on each device's pool.
     """
     _check_device_memory(kind)
     if kind not in ("async", "async-cupy"):
@@ -132,23 +132,29 @@ def use_device_memory_on(indices, kind):
         if index != current:
             with cupy.cuda.Device(index):
                 use_device_memory("async")
-    if kind == "async-cupy":
+    if kind == "async-cupy" and list(indices) != [current]:  # the current one alone is set up already
         _cupy_allocates_itself_on(cupy, indices)
 
 
 def _cupy_allocates_itself_on(cupy, indices):
-    """CuPy's stream-ordered allocator on every device's default pool (``MemoryAsyncPool("default")``): it
-    allocates on the current device from that device's pool. One pool handle cannot serve several devices
-    (``MemoryAsyncPool`` makes the pool it is given every device's current pool, which CUDA refuses for a pool of
-    another device). The pools' release threshold is left as ``MemoryAsyncPool`` sets it: CuPy reads it as a limit
-    on the pool's growth."""
+    """CuPy's arrays through RMM (``rmm_cupy_allocator``, each GPU's own pool) on a worker of several GPUs (or
+    of one that is not the process's first).
+
+    CuPy's stream-ordered allocator frees an array on the stream it was made on, by default the legacy
+    stream (pointer 0), which names the current device's: an array of one GPU collected while another is
+    current (a cycle the collector breaks in any thread) would be freed on the other's stream. RMM's buffers
+    are freed on their own device. :func:`_cupy_allocates_itself` set CuPy's allocator for the first GPU at
+    start; this puts RMM's back.
+    """
     try:
-        cupy.cuda.set_allocator(cupy.cuda.MemoryAsyncPool("default").malloc)
-    except Exception as exc:  # noqa: BLE001 - RMM's allocator stays, said
-        log.warning("CuPy's stream-ordered allocator is not usable on GPUs %s (%s: %s); CuPy's arrays come through "
-                    "RMM", indices, type(exc).__name__, exc)
+        from rmm.allocators.cupy import rmm_cupy_allocator
+
+        cupy.cuda.set_allocator(rmm_cupy_allocator)
+    except Exception as exc:  # noqa: BLE001 - said; CuPy's allocator stays
+        log.warning("CuPy's arrays could not be given RMM's allocator on GPUs %s (%s: %s)", indices,
+                    type(exc).__name__, exc)
         return
-    log.info("CuPy's arrays: CuPy's stream-ordered allocator on the default pool of each of GPUs %s", indices)
+    log.info("CuPy's arrays: through RMM, on each of GPUs %s", indices)
 
 
 def _check_device_memory(kind):
