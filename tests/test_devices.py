@@ -111,6 +111,8 @@ def test_an_unusable_gpu_gets_no_new_work_and_its_models_calls_fail_at_once():
     assert device_failure(error) == "cuda"
     assert device_failure(MemoryError("std::bad_alloc: out_of_memory")) == "memory"
     assert device_failure(ValueError("C must be positive")) is None
+    assert device_failure(_raised_while_handling(error, AssertionError())) == "cuda"  # CuPy's allocator on the way out
+    assert device_failure(_raised_while_handling(ValueError("bad y"), KeyError("k"))) is None
     for n in range(1, ERRORS_TO_GIVE_UP + 1):
         assert first.failure("cuda", error) is (n == ERRORS_TO_GIVE_UP)
     assert "cudaErrorIllegalAddress" in first.unusable
@@ -234,3 +236,14 @@ def test_a_search_in_threads_over_several_gpus_gives_scikit_learns_answer(tmp_pa
 def test_a_worker_refuses_gpus_it_cannot_name(tmp_path):
     with pytest.raises(WorkerUnavailable, match="gpus must be 'all' or distinct GPU indices"):
         WorkerProcess(tmp_path, gpus="0,0", timeout=60)
+
+
+def _raised_while_handling(first, second):
+    """``second`` as raised in an ``except`` block that handles ``first`` (its ``__context__``)."""
+    try:
+        try:
+            raise first
+        except Exception:
+            raise second  # noqa: B904 - the implicit chain is what this builds
+    except Exception as exc:  # noqa: BLE001
+        return exc

@@ -169,10 +169,20 @@ def device_failure(exc):
 
     cuML's out-of-memory errors are MemoryErrors (RMM's ``bad_alloc``, CuPy's ``OutOfMemoryError``); CUDA's
     errors come as CuPy's or CUDA Python's exception types, or as RuntimeErrors whose text RAFT and RMM write
-    ("CUDA error ... cudaErrorIllegalAddress ...").
+    ("CUDA error ... cudaErrorIllegalAddress ..."). The exceptions ``exc`` was raised from or while handling
+    count too: CuPy's allocator meets a CUDA error and raises an AssertionError of its own on the way out.
     """
     if isinstance(exc, DeviceUnusable):
         return None  # counted when the device was given up
+    seen = []
+    while exc is not None and len(seen) < 8 and not any(exc is e for e in seen):
+        seen.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    kinds = [_failure_kind(e) for e in seen]
+    return "cuda" if "cuda" in kinds else "memory" if "memory" in kinds else None
+
+
+def _failure_kind(exc):
     if isinstance(exc, MemoryError):
         return "memory"
     text = str(exc)
