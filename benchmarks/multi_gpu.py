@@ -132,6 +132,11 @@ def main():
         try:
             multi, t_multi, f_multi = search_on(workers[0], "worker --gpus all", X, y)
             single, t_single, f_single = search_on(workers[1], "worker, one GPU (default)", X, y)
+        except Exception:
+            for name, worker in zip(("--gpus all", "one GPU"), workers):  # the logs go with the folder
+                print(f"\n== the end of the log of the worker {name} (exit code {worker.process.poll()}):\n"
+                      + "\n".join(worker.log().splitlines()[-40:]), flush=True)
+            raise
         finally:
             for worker in workers:
                 worker.stop()
