@@ -73,7 +73,7 @@ DEFAULTS = {
     "search_threads": "auto",
 }
 
-#: the values of the worker setting ``device_memory`` (worker.backends.use_device_memory)
+#: the values of the worker setting ``device_memory`` (worker.device_memory.use_device_memory)
 DEVICE_MEMORY_KINDS = ("async", "async-cupy", "cuda")
 
 WORKER_DEFAULTS = {

@@ -360,7 +360,7 @@ def test_a_gpu_without_memory_pools_keeps_cumls_allocator_and_says_so(monkeypatc
                                                               set_current_device_resource=made.append))
     monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
     monkeypatch.setitem(sys.modules, "rmm", fake_rmm)
-    from sklearn_gpu_bridge.worker.backends import use_device_memory
+    from sklearn_gpu_bridge.worker.device_memory import use_device_memory
 
     with caplog.at_level("WARNING", logger="sklearn_gpu_bridge.worker.backends"):
         use_device_memory("async")
@@ -385,7 +385,7 @@ def test_a_cupy_without_its_own_stream_ordered_allocator_keeps_rmms_and_says_so(
                                                               set_current_device_resource=made.append))
     monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
     monkeypatch.setitem(sys.modules, "rmm", fake_rmm)
-    from sklearn_gpu_bridge.worker.backends import use_device_memory
+    from sklearn_gpu_bridge.worker.device_memory import use_device_memory
 
     with caplog.at_level("WARNING", logger="sklearn_gpu_bridge.worker.backends"):
         use_device_memory("async-cupy")
