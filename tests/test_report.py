@@ -5,6 +5,7 @@ The calls go to the session's worker; joblib's children (loky) find it through t
 environment and append their calls to the report's folder, which the report reads.
 """
 
+import json
 import os
 import pickle
 import socket
@@ -218,3 +219,28 @@ def test_calls_run_in_this_process_are_named_so_and_move_no_bytes(worker):
     for row in rows.values():
         assert row["sent"] == row["received"] == 0 and row["worker_s"] == row["client_s"] > 0
         assert row["workers"] == [f"the CPU (scikit-learn); in process {os.getpid()} on {socket.gethostname()}"]
+
+
+def test_a_link_in_the_report_folder_is_neither_written_through_nor_read(tmp_path):
+    """The report folder is private, but its files are opened as if it were not: a symbolic link planted as this
+    process's file (``<pid>.jsonl``) is not written through, and one planted as another process's file, or a
+    file others may write, is not read into the report."""
+    folder = tmp_path / "report"
+    folder.mkdir(mode=0o700)
+    victim = tmp_path / "victim"
+    victim.write_text("unchanged\n")
+    (folder / f"{os.getpid()}.jsonl").symlink_to(victim)
+    entry = {"call": "GPUSVC.fit", "where": "worker", "pid": 1, "t": 0.0}
+    ledger._append(str(folder), entry)
+    assert victim.read_text() == "unchanged\n"
+
+    planted = tmp_path / "planted.jsonl"
+    planted.write_text(f"{json.dumps(entry)}\n")
+    planted.chmod(0o600)
+    (folder / "999999.jsonl").symlink_to(planted)
+    shared = folder / "999998.jsonl"
+    shared.write_text(f"{json.dumps(entry)}\n")
+    shared.chmod(0o666)
+    assert ledger._read_folder(str(folder)) == []
+    shared.chmod(0o600)  # the same file, the user's alone: read
+    assert ledger._read_folder(str(folder)) == [entry]
