@@ -32,7 +32,7 @@ from sklearn.preprocessing import StandardScaler
 from sklearn.svm import SVC
 
 import sklearn_gpu_bridge
-from sklearn_gpu_bridge import GPUStandardScaler, accel, catalogue
+from sklearn_gpu_bridge import GPUStandardScaler, accel, catalogue, ledger
 from sklearn_gpu_bridge.accel import cuml_alias, report, serve
 from sklearn_gpu_bridge.catalogue import ESTIMATORS
 
@@ -311,6 +311,22 @@ def test_served_objects_stay_scikit_learns(accelerated, connection):
     np.testing.assert_array_equal(loaded.predict(X), direct.predict(X))
     if BACKEND == "sklearn":
         np.testing.assert_allclose(loaded.predict_proba(X), direct.predict_proba(X), rtol=1e-10, atol=1e-12)
+
+
+def test_uninstall_stops_the_report_and_keeps_its_table(accelerated, connection):
+    """Taken out, accel stops recording: the report's folder (where its processes append) goes, the table stays,
+    and scikit-learn's own classes are not counted; installed again, it opens a new report."""
+    X, y = load_iris(return_X_y=True)
+    LogisticRegression(max_iter=500).fit(X, y)
+    folder = ledger._folder_of(os.environ[ledger.ENV_REPORT])
+    assert folder.is_dir()
+    accel.uninstall()
+    assert not folder.exists()
+    LogisticRegression(max_iter=500).fit(X, y)
+    assert report.calls()["LogisticRegression.fit"]["worker"] == 1
+    accel.install()
+    LogisticRegression(max_iter=500).fit(X, y)
+    assert folder.is_dir() and report.calls()["LogisticRegression.fit"]["worker"] == 1
 
 
 def test_set_output_pandas_still_works_on_a_served_transformer(accelerated):

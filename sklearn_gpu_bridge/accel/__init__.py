@@ -45,11 +45,13 @@ def install(log_level: int | str | None = None) -> None:
 
 
 def uninstall() -> None:
-    """Put scikit-learn's classes back (the ``cuml`` alias stays: modules may hold it)."""
+    """Put scikit-learn's classes back (the ``cuml`` alias stays: modules may hold it); the report stops
+    recording and keeps its table."""
     from . import serve
 
     serve.uninstall()
     os.environ.pop(ENV_ENABLED, None)
+    report.stop()
 
 
 def is_installed() -> bool:

@@ -36,10 +36,21 @@ def start():
     report its own parent holds.
     """
     global _session
-    if _session is None and os.environ.get(ENV_PARENT) == str(os.getpid()):
+    if _closed(_session) and os.environ.get(ENV_PARENT) == str(os.getpid()):
         with _lock:
-            if _session is None:
+            if _closed(_session):
                 _session = ledger.Report(TITLE).__enter__()
+
+
+def _closed(session):
+    return session is None or session.closed is not None
+
+
+def stop():
+    """Stop recording (accel taken out): the parent's report keeps what it counted, and its folder, where the
+    processes it started append their calls, goes. :func:`start` opens a new one."""
+    if _session is not None:
+        _session.close()
 
 
 def record(cls, method, where, reason=None):
