@@ -316,11 +316,12 @@ class Report:
         (seconds this process spent on its requests), ``sent`` and ``received`` (bytes).
     """
 
-    def __init__(self, title="sklearn-gpu-bridge"):
+    def __init__(self, title="sklearn-gpu-bridge", earlier=()):
         self.title = title
         self.opened = self.closed = None
         self._kept = None
         self._folder = None
+        self._earlier = list(earlier)  # records of a report before this one, counted first (accel's, reinstalled)
 
     def __enter__(self):
         global _role
@@ -358,11 +359,11 @@ class Report:
     @property
     def records(self):
         if self._kept is not None:
-            return list(self._kept)
+            return self._earlier + self._kept
         if self.opened is None:
-            return []
+            return list(self._earlier)
         with _lock:
-            return self._gather()
+            return self._earlier + self._gather()
 
     def _gather(self):
         until = self.closed or float("inf")

@@ -315,7 +315,7 @@ def test_served_objects_stay_scikit_learns(accelerated, connection):
 
 def test_uninstall_stops_the_report_and_keeps_its_table(accelerated, connection):
     """Taken out, accel stops recording: the report's folder (where its processes append) goes, the table stays,
-    and scikit-learn's own classes are not counted; installed again, it opens a new report."""
+    and scikit-learn's own classes are not counted; installed again, it counts on."""
     X, y = load_iris(return_X_y=True)
     LogisticRegression(max_iter=500).fit(X, y)
     folder = ledger._folder_of(os.environ[ledger.ENV_REPORT])
@@ -326,7 +326,7 @@ def test_uninstall_stops_the_report_and_keeps_its_table(accelerated, connection)
     assert report.calls()["LogisticRegression.fit"]["worker"] == 1
     accel.install()
     LogisticRegression(max_iter=500).fit(X, y)
-    assert folder.is_dir() and report.calls()["LogisticRegression.fit"]["worker"] == 1
+    assert folder.is_dir() and report.calls()["LogisticRegression.fit"]["worker"] == 2
 
 
 def test_set_output_pandas_still_works_on_a_served_transformer(accelerated):

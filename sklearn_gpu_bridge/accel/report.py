@@ -38,8 +38,8 @@ def start():
     global _session
     if _closed(_session) and os.environ.get(ENV_PARENT) == str(os.getpid()):
         with _lock:
-            if _closed(_session):
-                _session = ledger.Report(TITLE).__enter__()
+            if _closed(_session):  # reinstalled: the calls counted before go on counting
+                _session = ledger.Report(TITLE, earlier=_session.records if _session else ()).__enter__()
 
 
 def _closed(session):
@@ -48,7 +48,7 @@ def _closed(session):
 
 def stop():
     """Stop recording (accel taken out): the parent's report keeps what it counted, and its folder, where the
-    processes it started append their calls, goes. :func:`start` opens a new one."""
+    processes it started append their calls, goes. :func:`start` opens a new one that counts on from it."""
     if _session is not None:
         _session.close()
 
