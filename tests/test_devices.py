@@ -20,7 +20,7 @@ from sklearn_gpu_bridge import GPUSVC, GPUTSNE, GPUStandardScaler, WorkerUnavail
 from sklearn_gpu_bridge.errors import ConfigurationError
 from sklearn_gpu_bridge.manage.service import format_status, status
 from sklearn_gpu_bridge.worker.backends import SIMULATED_GPU_FAILS, SIMULATED_GPU_MEMORY
-from sklearn_gpu_bridge.worker.devices import ERRORS_TO_GIVE_UP, Devices, device_failure, parse_gpus
+from sklearn_gpu_bridge.worker.devices import ERRORS_TO_GIVE_UP, Devices, DeviceUnusable, device_failure, parse_gpus
 
 from .conftest import BACKEND, WorkerProcess, assert_same, own_worker, wait_until
 
@@ -112,7 +112,16 @@ def test_an_unusable_gpu_gets_no_new_work_and_its_models_calls_fail_at_once():
     assert device_failure(MemoryError("std::bad_alloc: out_of_memory")) == "memory"
     assert device_failure(ValueError("C must be positive")) is None
     assert device_failure(_raised_while_handling(error, AssertionError())) == "cuda"  # CuPy's allocator on the way out
-    assert device_failure(_raised_while_handling(ValueError("bad y"), KeyError("k"))) is None
+    assert device_failure(_raised_while_handling(error, ValueError("y has one class"))) is None  # words of its own
+    assert device_failure(_raised_while_handling(ValueError("bad y"), AssertionError())) is None
+    silenced = _raised_while_handling(error, AssertionError())
+    silenced.__suppress_context__ = True  # raise ... from None
+    assert device_failure(silenced) is None
+    gone = DeviceUnusable("GPU 0 of this worker is unusable (3 CUDA errors in a row, the last: ...)")
+    assert device_failure(gone) is None and device_failure(_raised_while_handling(gone, AssertionError())) is None
+    looped = AssertionError()
+    looped.__context__ = looped
+    assert device_failure(looped) is None
     for n in range(1, ERRORS_TO_GIVE_UP + 1):
         assert first.failure("cuda", error) is (n == ERRORS_TO_GIVE_UP)
     assert "cudaErrorIllegalAddress" in first.unusable

@@ -169,17 +169,20 @@ def device_failure(exc):
 
     cuML's out-of-memory errors are MemoryErrors (RMM's ``bad_alloc``, CuPy's ``OutOfMemoryError``); CUDA's
     errors come as CuPy's or CUDA Python's exception types, or as RuntimeErrors whose text RAFT and RMM write
-    ("CUDA error ... cudaErrorIllegalAddress ..."). The exceptions ``exc`` was raised from or while handling
-    count too: CuPy's allocator meets a CUDA error and raises an AssertionError of its own on the way out.
+    ("CUDA error ... cudaErrorIllegalAddress ..."). An exception that says nothing itself (CuPy's allocator
+    asserts on its way out of a CUDA error) is read through to the one it was raised from or while handling;
+    one with words of its own (a user's ValueError) is what it says.
     """
-    if isinstance(exc, DeviceUnusable):
-        return None  # counted when the device was given up
     seen = []
-    while exc is not None and len(seen) < 8 and not any(exc is e for e in seen):
+    while exc is not None and not isinstance(exc, DeviceUnusable) and len(seen) < 8:
+        kind = _failure_kind(exc)
+        if kind is not None or str(exc):
+            return kind
         seen.append(exc)
-        exc = exc.__cause__ or exc.__context__
-    kinds = [_failure_kind(e) for e in seen]
-    return "cuda" if "cuda" in kinds else "memory" if "memory" in kinds else None
+        exc = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+        if any(exc is e for e in seen):
+            return None
+    return None  # a DeviceUnusable is counted when its device was given up
 
 
 def _failure_kind(exc):
