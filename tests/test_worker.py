@@ -362,7 +362,7 @@ def test_a_gpu_without_memory_pools_keeps_cumls_allocator_and_says_so(monkeypatc
     monkeypatch.setitem(sys.modules, "rmm", fake_rmm)
     from sklearn_gpu_bridge.worker.device_memory import use_device_memory
 
-    with caplog.at_level("WARNING", logger="sklearn_gpu_bridge.worker.backends"):
+    with caplog.at_level("WARNING", logger="sklearn_gpu_bridge.worker.device_memory"):
         use_device_memory("async")
     assert made == []
     assert "CUDA's stream-ordered pool is not usable here (RuntimeError: cudaErrorNotSupported" in caplog.text
@@ -387,10 +387,46 @@ def test_a_cupy_without_its_own_stream_ordered_allocator_keeps_rmms_and_says_so(
     monkeypatch.setitem(sys.modules, "rmm", fake_rmm)
     from sklearn_gpu_bridge.worker.device_memory import use_device_memory
 
-    with caplog.at_level("WARNING", logger="sklearn_gpu_bridge.worker.backends"):
+    with caplog.at_level("WARNING", logger="sklearn_gpu_bridge.worker.device_memory"):
         use_device_memory("async-cupy")
     assert made == [{"release_threshold": 1 << 30}] and allocators == []
     assert "CuPy's stream-ordered allocator is not usable here (RuntimeError: cudaErrorNotSupported" in caplog.text
+
+
+def test_a_worker_of_several_gpus_gives_cupys_arrays_through_rmm(monkeypatch):
+    """``async-cupy`` on GPUs 0 and 1: each GPU gets RMM's stream-ordered pool, made while it is current, and
+    CuPy's allocator is RMM's (its buffers are freed on their own device); on the current GPU alone, CuPy's
+    own allocator stays as the start set it (stand-ins for CuPy and RMM, as above)."""
+    current, made, allocators = [0], [], []
+
+    class Device:
+        def __init__(self, index=None):
+            self.index = current[0] if index is None else index
+            self.mem_info = (8 << 30, 16 << 30)
+
+        def __enter__(self):
+            self.previous, current[0] = current[0], self.index
+
+        def __exit__(self, *exc):
+            current[0] = self.previous
+
+    runtime = types.SimpleNamespace(getDevice=lambda: current[0])
+    fake_cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(Device=Device, runtime=runtime,
+                                                                 set_allocator=allocators.append))
+    fake_rmm = types.SimpleNamespace(mr=types.SimpleNamespace(
+        CudaAsyncMemoryResource=lambda **kwargs: ("pool of GPU", current[0]),
+        set_current_device_resource=made.append))
+    rmm_allocator = object()
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
+    monkeypatch.setitem(sys.modules, "rmm", fake_rmm)
+    monkeypatch.setitem(sys.modules, "rmm.allocators", types.SimpleNamespace())
+    monkeypatch.setitem(sys.modules, "rmm.allocators.cupy", types.SimpleNamespace(rmm_cupy_allocator=rmm_allocator))
+    from sklearn_gpu_bridge.worker.device_memory import use_device_memory_on
+
+    use_device_memory_on([0], "async-cupy")
+    assert made == [] and allocators == []
+    use_device_memory_on([0, 1], "async-cupy")
+    assert made == [("pool of GPU", 1)] and allocators == [rmm_allocator] and current == [0]
 
 
 # ---------------------------------------------------------------- warnings of requests that run at once

@@ -47,18 +47,19 @@ def use_device_memory(kind):
         return
     log.info("device memory: CUDA's stream-ordered pool (keeps up to %d MiB for reuse)", keeps >> 20)
     if kind == "async-cupy":
-        _cupy_allocates_itself(cupy, keeps)
+        _cupy_allocates_itself(cupy)
 
 
-def _cupy_allocates_itself(cupy, keeps):
+def _cupy_allocates_itself(cupy):
     """CuPy's arrays from CuPy's own stream-ordered allocator (``MemoryAsyncPool``, Cython) on the device's
     default pool, not through RMM's ``rmm_cupy_allocator``, which cuML installs at import: that one runs Python
-    for every array (an RMM buffer, CuPy's wrappers of it), 0.17-0.27 ms of a small call on an H200. The pool
-    keeps up to ``keeps`` bytes for reuse, as RMM's does."""
+    for every array (an RMM buffer, CuPy's wrappers of it), 0.17-0.27 ms of a small call on an H200.
+    ``MemoryAsyncPool`` sets the pool's release threshold to no limit (CuPy reads the threshold as a cap on the
+    pool's growth), so the pool keeps what CuPy frees for reuse. On a host of several GPUs it also asks CUDA to
+    make this pool every GPU's current one, which CUDA refuses: CuPy's arrays then keep coming through RMM."""
     runtime = cupy.cuda.runtime
     try:
         pool = runtime.deviceGetDefaultMemPool(cupy.cuda.Device().id)
-        runtime.memPoolSetAttribute(pool, getattr(runtime, "cudaMemPoolAttrReleaseThreshold", 4), keeps)
         cupy.cuda.set_allocator(cupy.cuda.MemoryAsyncPool(pool).malloc)
     except Exception as exc:  # noqa: BLE001 - RMM's allocator stays, said
         log.warning("CuPy's stream-ordered allocator is not usable here (%s: %s); CuPy's arrays come through "
