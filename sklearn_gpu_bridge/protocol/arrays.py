@@ -358,6 +358,12 @@ def _overflow(name, dtype):
 def _cast(arr, dtype, order, name):
     """``arr`` as ``dtype`` in a new array of ``order``, cast on all cores where it is large (a 400 MB float64
     X takes 70 ms in one thread on an H200 host); an overflow is said in scikit-learn's words."""
+    if not arr.flags[f"{order}_CONTIGUOUS"]:  # copy_into flattens both arrays alike: one layout only
+        try:
+            with np.errstate(over="raise"):
+                return arr.astype(dtype, order=order)
+        except FloatingPointError:  # finite before (validated), infinite after: scikit-learn's words
+            raise _overflow(name, dtype) from None
     cast = np.empty(arr.shape, dtype, order=order)
     _copy_checked(cast, arr, name)
     return cast
