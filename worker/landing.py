@@ -59,11 +59,19 @@ class LandingBuffers:
 
     ``take(nbytes)`` returns a writable uint8 array of ``nbytes``: a view of
     a free kept buffer of at least that size (and at most twice it), or a new
-    one, kept if the free ones stay within ``keep_bytes``.
+    one. Before a new one is made, free buffers go (the largest first) until
+    the free ones and the new one fit in ``keep_bytes``; the new one is kept
+    if they do and all kept buffers, busy ones too, stay within twice that.
+    Free means referred to by nothing but this list: every numpy view, and
+    every memoryview of one, refers to its buffer. That count is CPython's
+    with the GIL; a free-threaded interpreter gets a new buffer every time.
     """
 
     def __init__(self, keep_bytes=KEEP_BYTES, min_bytes=LANDING_MIN):
+        if not getattr(sys, "_is_gil_enabled", lambda: True)():
+            keep_bytes = 0  # reference counts are not this exact without the GIL: nothing is reused
         self.keep_bytes, self.min_bytes = keep_bytes, min_bytes
+        self.heap_kept = False  # whether keep_frames_in_heap took effect (the worker sets it)
         self._kept = []  # np.uint8 arrays: what is handed out (and derived from it) refers to one of these
         self._lock = threading.Lock()
         self.reused = self.made = 0
@@ -73,7 +81,7 @@ class LandingBuffers:
         return [i for i in range(len(self._kept)) if sys.getrefcount(self._kept[i]) == 2]
 
     def take(self, nbytes):
-        if nbytes < self.min_bytes:
+        if nbytes < self.min_bytes or not self.keep_bytes:
             return np.empty(nbytes, np.uint8)
         with self._lock:
             free = self._free()
@@ -99,4 +107,4 @@ class LandingBuffers:
 
     def status(self):
         with self._lock:
-            return {"kept": self.kept_bytes(), "reused": self.reused, "made": self.made}
+            return {"kept": self.kept_bytes(), "reused": self.reused, "made": self.made, "heap": self.heap_kept}

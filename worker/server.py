@@ -207,7 +207,7 @@ class Worker(QuickOps, FastPath):
             with self._on(device):
                 self.backend.warm_up()
         raise_file_limit()
-        keep_frames_in_heap()
+        self.landing.heap_kept = keep_frames_in_heap()
         self.router = self.context.socket(zmq.ROUTER)
         self.router.linger = 0
         self.router.router_handover = 1  # a client link connected again keeps its name (client._Link)
