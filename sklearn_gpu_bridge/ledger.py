@@ -34,7 +34,7 @@ _open = []  # the reports open in this process
 _records = []  # this process's records while a report is open here
 _labels = {}  # worker id -> how the report names that worker
 _role = None  # (pid, the report folder of the process above, or None)
-_child_file = None  # (pid, folder's inode, fd) of a child's records file
+_child_file = None  # (pid, (device, inode) of the folder, fd) of a child's records file
 
 
 def _token_owner(token):
@@ -269,6 +269,14 @@ def record(call, where, reason=None, measure=None):
         _append(folder, entry)
 
 
+def _unlinked(fd):
+    """Whether the file open as ``fd`` was removed (its report closed; a folder made again may reuse the inode)."""
+    try:
+        return os.fstat(fd).st_nlink == 0
+    except OSError:
+        return True
+
+
 def _append(folder, entry):
     """One line in this process's file of the report folder (opened once per folder, owner-only)."""
     global _child_file
@@ -277,12 +285,13 @@ def _append(folder, entry):
     from .runtime.private_files import CLOEXEC, NOFOLLOW
 
     try:
-        inode = os.stat(folder).st_ino
+        found = os.stat(folder)
     except OSError:
         return  # the report closed meanwhile
+    inode = (found.st_dev, found.st_ino)
     with _lock:
         held = _child_file
-        if held is None or held[0] != os.getpid() or held[1] != inode:
+        if held is None or held[0] != os.getpid() or held[1] != inode or _unlinked(held[2]):
             if held is not None and held[0] == os.getpid():
                 os.close(held[2])
             try:

@@ -322,8 +322,9 @@ def test_uninstall_stops_the_report_and_keeps_its_table(accelerated, connection)
     assert folder.is_dir()
     accel.uninstall()
     assert not folder.exists()
+    counted = report.calls()
     LogisticRegression(max_iter=500).fit(X, y)
-    assert report.calls()["LogisticRegression.fit"]["worker"] == 1
+    assert report.calls() == counted and counted["LogisticRegression.fit"]["worker"] == 1
     accel.install()
     LogisticRegression(max_iter=500).fit(X, y)
     assert folder.is_dir() and report.calls()["LogisticRegression.fit"]["worker"] == 2

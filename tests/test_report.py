@@ -221,10 +221,11 @@ def test_calls_run_in_this_process_are_named_so_and_move_no_bytes(worker):
         assert row["workers"] == [f"the CPU (scikit-learn); in process {os.getpid()} on {socket.gethostname()}"]
 
 
-def test_a_link_in_the_report_folder_is_neither_written_through_nor_read(tmp_path):
+def test_a_link_in_the_report_folder_is_neither_written_through_nor_read(tmp_path, monkeypatch):
     """The report folder is private, but its files are opened as if it were not: a symbolic link planted as this
     process's file (``<pid>.jsonl``) is not written through, and one planted as another process's file, or a
     file others may write, is not read into the report."""
+    monkeypatch.setattr(ledger, "_child_file", None)  # this process's records file, as the test found it after
     folder = tmp_path / "report"
     folder.mkdir(mode=0o700)
     victim = tmp_path / "victim"

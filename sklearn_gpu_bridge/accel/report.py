@@ -49,8 +49,10 @@ def _closed(session):
 def stop():
     """Stop recording (accel taken out): the parent's report keeps what it counted, and its folder, where the
     processes it started append their calls, goes. :func:`start` opens a new one that counts on from it."""
-    if _session is not None:
-        _session.close()
+    with _lock:
+        session = _session
+    if session is not None:
+        session.close()
 
 
 def record(cls, method, where, reason=None):
