@@ -87,7 +87,7 @@ class SklearnSVC:
         self._gamma = self._gamma_of(X)
         n_classes = len(self.classes_)
         class_weight = self.params.get("class_weight")
-        self.class_weight_ = compute_class_weight(class_weight, classes=np.arange(n_classes), y=codes)
+        self.class_weight_ = compute_class_weight(class_weight, classes=self.classes_, y=y)  # by label, in order
         weights = None if sample_weight is None else np.asarray(host(sample_weight), dtype=np.float64)
         if (self.class_weight_ != 1).any():  # libsvm's C of class k is C * class_weight_[k]: a weight per sample
             weights = self.class_weight_[codes] if weights is None else weights * self.class_weight_[codes]

@@ -568,6 +568,7 @@ class Worker(QuickOps, FastPath):
                     request.device = device.index
             with caught_warnings() as caught:  # this thread's alone: requests of other clients run beside it
                 if quick is not None:
+                    self.handles.drop(freed)  # each model with its own GPU current
                     fields, reply_buffers = quick(self, header), []
                 else:
                     fields, reply_buffers = request.reply(self.operations.run(request))
