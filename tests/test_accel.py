@@ -313,9 +313,11 @@ def test_served_objects_stay_scikit_learns(accelerated, connection):
         np.testing.assert_allclose(loaded.predict_proba(X), direct.predict_proba(X), rtol=1e-10, atol=1e-12)
 
 
-def test_uninstall_stops_the_report_and_keeps_its_table(accelerated, connection):
+def test_uninstall_stops_the_report_and_keeps_its_table(accelerated, connection, monkeypatch):
     """Taken out, accel stops recording: the report's folder (where its processes append) goes, the table stays,
     and scikit-learn's own classes are not counted; installed again, it counts on."""
+    monkeypatch.setenv(report.ENV_LOG, "1")  # -v: the report that counts the processes too
+    report.start()
     X, y = load_iris(return_X_y=True)
     LogisticRegression(max_iter=500).fit(X, y)
     folder = ledger._folder_of(os.environ[ledger.ENV_REPORT])
@@ -328,6 +330,16 @@ def test_uninstall_stops_the_report_and_keeps_its_table(accelerated, connection)
     accel.install()
     LogisticRegression(max_iter=500).fit(X, y)
     assert folder.is_dir() and report.calls()["LogisticRegression.fit"]["worker"] == 2
+
+
+def test_without_v_nothing_is_kept_per_call(accelerated, connection):
+    """Without ``-v`` accel counts this process's calls and keeps no report: no folder for its processes, no
+    record per call (a long-running accelerated program does not grow)."""
+    X, y = load_iris(return_X_y=True)
+    for _ in range(3):
+        LogisticRegression(max_iter=500).fit(X, y).predict(X)
+    assert not ledger.recording() and ledger._records == []
+    assert report.calls()["LogisticRegression.fit"] == {"worker": 3, "cpu": 0, "reasons": {}}
 
 
 def test_set_output_pandas_still_works_on_a_served_transformer(accelerated):

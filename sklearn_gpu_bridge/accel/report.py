@@ -30,13 +30,15 @@ def level():
 
 
 def start():
-    """Open the parent's report now, before any call (idempotent; only in the process that installed accel).
+    """Open the parent's report now, before any call (idempotent; only in the process that installed accel,
+    and only where the table is asked for: ``-v``, :data:`ENV_LOG`). Without it, calls are counted in this
+    process alone, with nothing measured or kept per call.
 
     A process started before this point, and before the parent's first counted call, reports to whatever
     report its own parent holds.
     """
     global _session
-    if _closed(_session) and os.environ.get(ENV_PARENT) == str(os.getpid()):
+    if level() and _closed(_session) and os.environ.get(ENV_PARENT) == str(os.getpid()):
         with _lock:
             if _closed(_session):  # reinstalled: the calls counted before go on counting
                 _session = ledger.Report(TITLE, earlier=_session.records if _session else ()).__enter__()
