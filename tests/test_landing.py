@@ -56,9 +56,9 @@ def test_malloc_keeps_frames_in_its_heap_unless_the_user_said_otherwise(user_set
 def test_a_model_that_keeps_its_input_keeps_its_buffer(tmp_path):
     """Over TCP (frames of 1 MiB), a NearestNeighbors fitted on X keeps a view of the buffer X landed in: the
     arrays sent after it land in other buffers (reused among themselves), and the model still finds X."""
-    process = WorkerProcess(tmp_path, bind="127.0.0.1")
-    connection = connect(process.info, pool="off", array_cache="off")
+    process, connection = WorkerProcess(tmp_path, bind="127.0.0.1"), None
     try:
+        connection = connect(process.info, pool="off", array_cache="off")
         rng = np.random.default_rng(0)
         X = rng.standard_normal((20_000, 50))  # 8 MB: 8 frames
         fitted = connection.fit("NearestNeighbors", {"algorithm": "brute"}, "fit", [X], {})
@@ -73,5 +73,6 @@ def test_a_model_that_keeps_its_input_keeps_its_buffer(tmp_path):
         assert landing["made"] >= 2 and landing["reused"] >= 1
         assert landing["heap"] is (sys.platform.startswith("linux") and not any(k.startswith("MALLOC_") for k in os.environ))
     finally:
-        connection.close()
+        if connection is not None:
+            connection.close()
         process.stop()

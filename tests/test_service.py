@@ -102,7 +102,8 @@ def test_start_drives_the_gpus_it_is_given(tmp_path):
         status = json.loads(cli(env, "status", "--json").stdout)
         assert [gpu["index"] for gpu in status["gpus"]] == [0, 1]
     finally:
-        assert cli(env, "stop", "--timeout", "5").returncode == 0
+        stopped = cli(env, "stop", "--timeout", "5")
+    assert stopped.returncode == 0, stopped.stderr
 
 
 def test_a_client_uses_the_background_worker_by_default(background):

@@ -104,19 +104,15 @@ def test_a_sparse_x_travels_as_its_three_arrays(connection):
     assert bridged.components_.shape == (5, m)
 
 
-def test_arpack_under_accel_is_served_on_the_worker_with_arpacks_answer(connection):
+def test_arpack_under_accel_is_served_on_the_worker_with_arpacks_answer(connection, accelerated):
     X, _ = _tfidf(n_docs=1500, n_terms=500, per_doc=15, n_topics=10, seed=3)
+    accel.uninstall()
     exact = TruncatedSVD(n_components=20, algorithm="arpack", random_state=0).fit(X)
     accel.install()
-    report.reset()
-    try:
-        served = TruncatedSVD(n_components=20, algorithm="arpack", random_state=0)
-        reduced = served.fit_transform(X)
-        again = served.transform(X[:10])
-        calls = report.calls()
-    finally:
-        accel.uninstall()
-        report.reset()
+    served = TruncatedSVD(n_components=20, algorithm="arpack", random_state=0)
+    reduced = served.fit_transform(X)
+    again = served.transform(X[:10])
+    calls = report.calls()
     assert calls["TruncatedSVD.fit_transform"]["worker"] == 1 and calls["TruncatedSVD.transform"]["worker"] == 1
     assert type(served) is TruncatedSVD and served.algorithm == "arpack"
     np.testing.assert_allclose(served.singular_values_, exact.singular_values_, rtol=1e-4)
@@ -126,16 +122,13 @@ def test_arpack_under_accel_is_served_on_the_worker_with_arpacks_answer(connecti
     np.testing.assert_allclose(again, reduced[:10], rtol=1e-4, atol=1e-5)
 
 
-def test_scikit_learns_randomized_parameters_are_honoured_under_accel(connection):
+def test_scikit_learns_randomized_parameters_are_honoured_under_accel(connection, accelerated):
     X, _ = _tfidf(seed=5)
     params = dict(n_components=5, n_iter=3, n_oversamples=4, power_iteration_normalizer="QR", random_state=7)
+    accel.uninstall()
     direct = TruncatedSVD(**params).fit(X)
     accel.install()
-    try:
-        served = TruncatedSVD(**params).fit(X)
-    finally:
-        accel.uninstall()
-        report.reset()
+    served = TruncatedSVD(**params).fit(X)
     _agree_as_models(served, direct)
 
 

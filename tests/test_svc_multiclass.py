@@ -161,8 +161,10 @@ def test_gpusvc_ties_go_to_the_lowest_class_as_libsvms_votes():
     assert tied.sum() >= 20, tied.sum()  # the data has ties to break
     np.testing.assert_array_equal(direct.predict(X), np.argmax(votes, axis=1))
     predicted = bridged.predict(X)
-    if BACKEND == "sklearn":
-        np.testing.assert_array_equal(predicted, direct.predict(X))
+    if BACKEND == "sklearn":  # each pair fitted on its own: a decision value within a few ULPs of 0 may vote apart
+        clear = np.abs(dec).min(axis=1) > 1e-9
+        assert clear.mean() > 0.99
+        np.testing.assert_array_equal(predicted[clear], direct.predict(X)[clear])
     else:
         assert (predicted == direct.predict(X)).mean() >= 0.95
 
