@@ -18,6 +18,7 @@ import functools
 import itertools
 import math
 import os
+import re
 import sys
 import threading
 import time
@@ -33,13 +34,16 @@ _seq = itertools.count()
 _open = []  # the reports open in this process
 _records = []  # this process's records while a report is open here
 _labels = {}  # worker id -> how the report names that worker
+_TOKEN = re.compile(r"(\d{1,10})-[0-9a-f]{12}")
 _role = None  # (pid, the report folder of the process above, or None)
 _child_file = None  # (pid, (device, inode) of the folder, fd) of a child's records file
 
 
 def _token_owner(token):
-    head = token.split("-", 1)[0]
-    return int(head) if head.isdigit() else None
+    """The pid a report folder's name (``<pid>-<12 hex digits>``) starts with; None for anything else, so that no
+    name from the environment reaches a path outside the reports' folder."""
+    match = _TOKEN.fullmatch(token)
+    return int(match[1]) if match else None
 
 
 def own():

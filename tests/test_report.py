@@ -245,3 +245,19 @@ def test_a_link_in_the_report_folder_is_neither_written_through_nor_read(tmp_pat
     assert ledger._read_folder(str(folder)) == []
     shared.chmod(0o600)  # the same file, the user's alone: read
     assert ledger._read_folder(str(folder)) == [entry]
+
+
+@pytest.mark.parametrize("token", ["1-../../../tmp/elsewhere", "1-/tmp/elsewhere", "1-" + "a" * 11, "x-0123456789ab"])
+def test_a_report_name_from_the_environment_is_a_name_and_nothing_else(token, tmp_path):
+    """A child finds its parent's report folder by the name in ``SKLEARN_GPU_BRIDGE_REPORT``: a name that is not
+    ``<pid>-<12 hex digits>`` (a path, ``..``) is not followed; the child makes a report tree of its own."""
+    code = textwrap.dedent("""
+        import os, sys
+        from sklearn_gpu_bridge import ledger
+        print(ledger._child_folder(), os.environ[ledger.ENV_REPORT] != sys.argv[1])
+    """)
+    env = {**os.environ, ledger.ENV_REPORT: token, "XDG_RUNTIME_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", code, token], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["None", "True"]
+    assert not (tmp_path / "elsewhere").exists()
