@@ -182,8 +182,6 @@ def _array_bytes(descriptors):
 
 def _worker_label(connection, in_process):
     """How the report names the worker of ``connection``: its GPU (or the CPU), its host, its process."""
-    import socket
-
     capabilities = connection.capabilities
     label = _labels.get(capabilities.worker_id)
     if label is not None:
@@ -198,6 +196,8 @@ def _worker_label(connection, in_process):
         reason = capabilities.fallback_reason
         what = "the CPU (scikit-learn" + (f": {reason})" if reason else ")")
     if in_process:
+        import socket
+
         visible = (os.environ.get("CUDA_VISIBLE_DEVICES") or "").split(",")[0]
         where = f"in process {os.getpid()} on {socket.gethostname()}" + (f", CUDA device {visible}" if visible else "")
     else:
@@ -337,7 +337,6 @@ class Report:
         self._earlier = list(earlier)  # records of a report before this one, counted first (accel's, reinstalled)
 
     def __enter__(self):
-        global _role
         with _lock:
             if _token_owner(os.environ.get(ENV_REPORT, "")) != os.getpid():
                 own()  # a report opened below another: this process's children report here

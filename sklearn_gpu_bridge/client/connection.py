@@ -97,15 +97,22 @@ class Connection:
         return X.shape[0] * width * 8
 
     def _request(self, header, payload=None, *, blobs=None, out_nbytes=0):
-        """``transport.request``; measured for :mod:`~sklearn_gpu_bridge.ledger` while a report records."""
+        """``transport.request``, measured (:meth:`_measured`)."""
+        return self._measured(header, blobs, lambda: self.transport.request(header, payload, blobs=blobs,
+                                                                            out_nbytes=out_nbytes))
+
+    def _measured(self, header, blobs, send):
+        """``send()`` (the request of ``header``, a tuple from the reply to its buffers), measured for
+        :mod:`~sklearn_gpu_bridge.ledger` while a report records; nothing more otherwise."""
         if not ledger.recording():
-            return self.transport.request(header, payload, blobs=blobs, out_nbytes=out_nbytes)
-        started, reply, buffers = time.monotonic(), None, None
+            return send()
+        started, answer = time.monotonic(), None
         try:
-            reply, value, buffers = self.transport.request(header, payload, blobs=blobs, out_nbytes=out_nbytes)
+            answer = send()
         finally:
+            reply, buffers = (answer[0], answer[-1]) if answer is not None else (None, None)
             ledger.note(self, header, reply, blobs, buffers, started)
-        return reply, value, buffers
+        return answer
 
     # ------------------------------------------------------------ operations
 
@@ -157,13 +164,8 @@ class Connection:
 
     def get_state(self, handle: int) -> tuple[str, bytes | None, bytes | None]:
         """(backend, portable bytes or None, native bytes or None) of a fitted estimator."""
-        header, started = {"op": "get_state", "handle": handle}, time.monotonic()
-        reply = buffers = None
-        try:
-            reply, buffers = self.transport.roundtrip(header)
-        finally:
-            if ledger.recording():
-                ledger.note(self, header, reply, None, buffers, started)
+        header = {"op": "get_state", "handle": handle}
+        reply, buffers = self._measured(header, None, lambda: self.transport.roundtrip(header))
         blobs = [getattr(buffer, "bytes", buffer) for buffer in buffers]  # ZeroMQ frames, or bytes
         forms = [form for form in ("portable", "native") if reply.get(form)]
         if len(blobs) != len(forms) or not forms:
