@@ -12,11 +12,14 @@ requests that read it run there, and the model is freed with that device
 current.
 """
 
+import logging
 import secrets
 import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -88,13 +91,20 @@ class HandleTable:
     def drop(self, entries):
         """Free the models of ``entries`` (taken out of the table; the list is emptied), each one with its own GPU
         current, as when it was made: what frees device memory on the current device's stream frees it there."""
+        if self._on_device is None:
+            entries.clear()
+            return
         while entries:
             entry = entries.pop()
-            if self._on_device is None or entry.device is None:
-                del entry
-            else:
-                with self._on_device(entry.device):
+            device = entry.device
+            try:
+                if device is None:
                     del entry
+                else:
+                    with self._on_device(device):  # a GPU given up may refuse: the others are freed still
+                        del entry
+            except Exception:  # noqa: BLE001 - said; the model goes with the entry anyway
+                log.warning("freeing a model on GPU %s failed", device, exc_info=True)
 
     def owners(self):
         """How many handles each client owns."""
