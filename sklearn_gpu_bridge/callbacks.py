@@ -11,6 +11,7 @@ Where scikit-learn has no ``sklearn.callback`` (before 1.9), the wrappers have n
 as they always did.
 """
 
+import contextlib
 import functools
 
 try:
@@ -51,6 +52,24 @@ def _run_task(estimator, run, X, y, metadata):
 
 # scikit-learn's own management: teardown of what was set up, also when the fit fails
 _managed = with_callbacks(_run_task) if with_callbacks is not None else None
+
+
+#: what scikit-learn keeps on an estimator for its callbacks and its fit's task
+_STATE = ("_skl_callbacks", "_parent_callback_ctx", "_callback_fit_ctx", "_skl_callbacks_to_teardown")
+
+
+@contextlib.contextmanager
+def hidden(estimator):
+    """``estimator``'s callbacks and its task out of sight, then back: scikit-learn's own fit, run within a task
+    of :func:`fit_task` (accel's fallback to the CPU), starts no second task and tears nothing down."""
+    state = estimator.__dict__
+    kept = {name: state.pop(name) for name in _STATE if name in state}
+    try:
+        yield
+    finally:
+        for name in _STATE:
+            state.pop(name, None)
+        state.update(kept)
 
 
 def fitting(function):

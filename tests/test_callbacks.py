@@ -145,3 +145,22 @@ def test_without_sklearn_callback_the_wrappers_fit_as_before(tmp_path, connectio
                               "SKLEARN_GPU_BRIDGE_START_LOCAL_WORKER": "0"})
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.split() == ["False", "True"]
+
+
+def test_under_accel_a_fit_that_falls_back_to_the_cpu_is_one_task(accelerated, tmp_path):
+    """A served fit that cannot reach a worker runs scikit-learn's own on the CPU: its callbacks see one task,
+    begun and ended (as for a fit on the worker), not a worker's task torn down and then the CPU's."""
+    from sklearn.linear_model import LogisticRegression
+
+    from sklearn_gpu_bridge.accel import report
+
+    X, y = make_classification(n_samples=60, n_features=4, random_state=6)
+    recorder = Recorder()
+    with sgb.config_context(connection_file=str(tmp_path / "none.json"), start_local_worker=False):
+        sgb.reset_connection()
+        try:
+            model = LogisticRegression().set_callbacks(recorder).fit(X, y)
+        finally:
+            sgb.reset_connection()
+    assert report.calls()["LogisticRegression.fit"]["cpu"] == 1 and model.coef_.shape == (1, 4)
+    assert [event[0] for event in recorder.events] == ["setup", "begin", "end", "teardown"]

@@ -164,25 +164,29 @@ def _fitting(name, cls, method, original):
     def fit(self, *args, **kwargs):
         if getattr(_cpu, "depth", 0):
             return original(self, *args, **kwargs)
-        try:
-            wrapper = _wrapper(name, self)
+        served = []
 
-            def run():
+        def run():
+            try:
+                wrapper = _wrapper(name, self)
                 fitted = getattr(wrapper, method)(*args, **kwargs)
-                _adopt(self, wrapper)
-                return fitted
+            except Exception as exc:  # noqa: BLE001 - whatever the worker could not do, scikit-learn does here
+                _served.pop(self, None)
+                report.record(cls, method, "cpu", _reason(exc))
+                with callbacks.hidden(self):  # within this task: scikit-learn's own fit starts no second one
+                    return _run_on_cpu(original, self, args, kwargs)
+            _adopt(self, wrapper)
+            served.append(wrapper)
+            return self if fitted is wrapper else fitted
 
-            # the estimator's own callbacks around the worker's fit (a CPU fallback runs scikit-learn's, with them)
-            result = callbacks.fit_task(self, run, X=args[0] if args else kwargs.get("X"),
-                                        y=args[1] if len(args) > 1 else kwargs.get("y"),
-                                        metadata={"sample_weight": kwargs.get("sample_weight")})
-        except Exception as exc:  # noqa: BLE001 - whatever the worker could not do, scikit-learn does here
-            _served.pop(self, None)
-            report.record(cls, method, "cpu", _reason(exc))
-            return _run_on_cpu(original, self, args, kwargs)
-        _served[self] = wrapper
-        report.record(cls, method, "worker")
-        return self if result is wrapper else result
+        # the estimator's own callbacks: one task around the fit, on the worker or, failing that, on the CPU
+        result = callbacks.fit_task(self, run, X=args[0] if args else kwargs.get("X"),
+                                    y=args[1] if len(args) > 1 else kwargs.get("y"),
+                                    metadata={"sample_weight": kwargs.get("sample_weight")})
+        if served:
+            _served[self] = served[0]
+            report.record(cls, method, "worker")
+        return result
 
     fit._sklearn_gpu_bridge = True
     return fit
