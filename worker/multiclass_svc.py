@@ -140,18 +140,17 @@ class SklearnSVC:
         rows = _like(X, rows)
         return X[rows][:, rows] if self.kernel == "precomputed" else X[rows]
 
-    def _call_input(self, X, rows, model):
-        if self.kernel == "precomputed":
-            return X[:, _like(X, rows)]
-        if sp.issparse(X) and isinstance(model, SVC) and not model._sparse:
-            return X.toarray()  # scikit-learn's SVC fitted dense takes dense X only; cuML's takes either
-        return X
+    def _call_input(self, X, rows):
+        return X[:, _like(X, rows)] if self.kernel == "precomputed" else X
 
     # ------------------------------------------------------------ answering
 
     def pairwise(self, X):
         """libsvm's decision values: a column per pair ``i < j`` (in that order), positive for class ``i``."""
-        columns = [host(model.decision_function(self._call_input(X, rows, model))) for _, _, rows, model in self.pairs_]
+        first = self.pairs_[0][3]
+        if sp.issparse(X) and isinstance(first, SVC) and not first._sparse:
+            X = X.toarray()  # once for all pairs: scikit-learn's SVC fitted dense takes dense X only; cuML's either
+        columns = [host(model.decision_function(self._call_input(X, rows))) for _, _, rows, model in self.pairs_]
         return -np.column_stack(columns).astype(np.float64)
 
     def decision_function(self, X):
