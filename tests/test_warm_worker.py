@@ -12,7 +12,7 @@ import pytest
 from sklearn_gpu_bridge.runtime.connection_file import start_lock_path
 from sklearn_gpu_bridge.runtime.private_files import ExclusiveLock, pid_alive, terminate
 
-from .conftest import bare_env, wait_until
+from .conftest import RawClient, WorkerProcess, bare_env, wait_until
 
 _SCRIPT = textwrap.dedent("""
     import json, os, time, warnings
@@ -94,3 +94,19 @@ def test_an_idle_worker_waits_while_a_client_holds_its_start_lock(warm_env):
         time.sleep(3)  # past its idle time, and a sweep
         assert pid_alive(report["pid"]) and os.path.exists(report["file"])
     assert wait_until(lambda: not pid_alive(report["pid"]), 30)
+
+
+def test_messages_without_the_key_do_not_keep_an_idle_worker_alive(tmp_path):
+    """A peer past the socket's gate that cannot sign (another key) sends all the while: the worker still stops
+    after its idle time, since only a message that passes its signature counts as use."""
+    process = WorkerProcess(tmp_path, bind="127.0.0.1", idle_exit=2)
+    hostile = RawClient(process, key=os.urandom(32), name="hostile")
+    try:
+        deadline = time.monotonic() + 30
+        while process.process.poll() is None and time.monotonic() < deadline:
+            hostile.send_header(hostile.header("ping"))
+            time.sleep(0.2)
+        assert process.process.poll() is not None, "unsigned messages kept the idle worker alive"
+    finally:
+        hostile.close()
+        process.stop()
