@@ -11,6 +11,7 @@ session ends, if the session made them.
 """
 
 import contextlib
+import ctypes
 import json
 import os
 import pwd
@@ -21,6 +22,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -399,3 +401,36 @@ def other_user():
     finally:
         user.end_processes()
         subprocess.run(["userdel", name], capture_output=True)
+
+
+class DriverStandIn:
+    """cudaHostRegister's bookkeeping without a GPU: refuses what the CUDA driver refuses.
+
+    Registering a range that overlaps one registered already, or unregistering
+    an address that is not registered, is an error, as in CUDA; both ends of a
+    range are read, so a range that is not mapped memory fails the test.
+    """
+
+    def __init__(self, fail=False, delay=0.0):
+        self.ranges, self.calls, self.fail, self.delay = {}, [], fail, delay
+        self.attempts = 0
+        self.lock = threading.Lock()
+
+    def register(self, address, nbytes):
+        with self.lock:
+            self.attempts += 1
+        time.sleep(self.delay)
+        if self.fail:
+            raise RuntimeError("cudaErrorNotSupported")
+        ctypes.string_at(address, 1), ctypes.string_at(address + nbytes - 1, 1)
+        with self.lock:
+            if any(a < address + nbytes and address < a + n for a, n in self.ranges.items()):
+                raise RuntimeError("cudaErrorHostMemoryAlreadyRegistered")
+            self.ranges[address] = nbytes
+            self.calls.append(("register", address, nbytes))
+
+    def unregister(self, address):
+        with self.lock:
+            if self.ranges.pop(address, None) is None:
+                raise RuntimeError("cudaErrorHostMemoryNotRegistered")
+            self.calls.append(("unregister", address))

@@ -3,14 +3,16 @@
 import os
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
 
 from sklearn_gpu_bridge.client import connect
-from sklearn_gpu_bridge.worker.landing import LandingBuffers
+from sklearn_gpu_bridge.worker.landing import PAGE, LandingBuffers
+from sklearn_gpu_bridge.worker.pinning import HostPinning
 
-from .conftest import WorkerProcess
+from .conftest import DriverStandIn, WorkerProcess
 
 MiB = 1 << 20
 
@@ -29,7 +31,7 @@ def test_a_buffer_is_reused_once_nothing_refers_to_it():
     other[:] = 2
     assert other.ctypes.data != address
     assert (kept == 1).all()
-    assert landing.status() == {"kept": 15 * MiB, "reused": 1, "made": 2, "heap": False}
+    assert landing.status() == {"kept": 15 * MiB, "reused": 1, "made": 2, "heap": False, "pinned": 0}
 
 
 def test_free_buffers_stay_within_their_budget_and_small_ones_are_not_kept():
@@ -39,7 +41,73 @@ def test_free_buffers_stay_within_their_budget_and_small_ones_are_not_kept():
     assert landing.status()["kept"] == 12 * MiB
     landing.take(MiB // 2)
     landing.take(100 * MiB)  # more than the budget on its own: handed out, not kept
-    assert landing.status() == {"kept": 0, "reused": 0, "made": 3, "heap": False}
+    assert landing.status() == {"kept": 0, "reused": 0, "made": 3, "heap": False, "pinned": 0}
+
+
+def test_a_buffer_is_page_locked_when_first_reused_and_unlocked_before_it_goes():
+    """Registered once its pages are written (cheap then), on whole pages of its own (the driver refuses a page
+    registered twice), and unregistered before its memory is freed."""
+    driver = DriverStandIn()
+    landing = LandingBuffers(keep_bytes=16 * MiB, min_bytes=MiB,
+                             pinning=HostPinning(driver.register, driver.unregister, budget=1 << 40))
+    first = landing.take(8 * MiB + 100)
+    assert first.ctypes.data % PAGE == 0 and not landing.is_pinned(first) and driver.calls == []
+    first[:] = 1
+    del first
+    again, small = landing.take(8 * MiB), landing.take(5 * MiB)  # the other buffer is made beside it, unlocked
+    assert landing.is_pinned(again) and not landing.is_pinned(small)
+    ((_, address, nbytes),) = driver.calls
+    assert address == again.ctypes.data and nbytes == 8 * MiB + PAGE  # whole pages, all of them the buffer's
+    del again, small
+    for _ in range(3):
+        assert landing.is_pinned(landing.take(8 * MiB))  # registered once, reused locked
+    assert len(driver.calls) == 1 and landing.status()["pinned"] == 8 * MiB + PAGE
+    landing.take(15 * MiB)  # the free 8 MiB buffer goes to make room: unregistered first
+    assert driver.calls[-1] == ("unregister", address) and driver.ranges == {}
+    assert landing.status()["pinned"] == 0
+
+
+def test_landing_buffers_stay_within_the_pinning_budget_and_a_refusal_is_not_asked_again():
+    driver = DriverStandIn()
+    pinning = HostPinning(driver.register, driver.unregister, budget=12 * MiB)  # 6 MiB for the buffers
+    landing = LandingBuffers(keep_bytes=64 * MiB, min_bytes=MiB, pinning=pinning)
+    landing.take(8 * MiB)
+    for _ in range(3):
+        assert not landing.is_pinned(landing.take(8 * MiB))
+    assert driver.attempts == 0 and pinning.refused == 1 and landing.status()["reused"] == 3
+
+
+def test_a_request_that_read_a_locked_landing_buffer_waits_for_the_device_before_its_reply(tmp_path):
+    """A real worker on TCP (frames) with a recording backend, and a real client: the same 8 MB array three
+    times lands in one buffer, locked when first reused; from then on the request settles before its reply."""
+    from sklearn_gpu_bridge.runtime.connection_file import read_connection_file
+    from sklearn_gpu_bridge.worker.backends import SklearnBackend
+    from sklearn_gpu_bridge.worker.server import Worker
+
+    driver, settled = DriverStandIn(), []
+
+    class RecordingBackend(SklearnBackend):
+        def host_pinning(self):
+            return HostPinning(driver.register, driver.unregister, budget=1 << 40)
+
+        def settle(self):
+            settled.append(len(driver.ranges))
+
+    worker = Worker(RecordingBackend(), connection_file=str(tmp_path / "worker.json"), bind="127.0.0.1",
+                    threads=1, array_cache_mb=0).start()
+    thread = threading.Thread(target=worker.serve_forever, daemon=True)
+    thread.start()
+    connection = connect(read_connection_file(tmp_path / "worker.json"), pool="off", array_cache="off")
+    try:
+        X = np.random.default_rng(0).standard_normal((20_000, 50))  # 8 MB: 8 frames
+        for sent in range(1, 4):
+            np.testing.assert_array_equal(connection.echo(X)[0], X)
+            assert settled == [1] * (sent - 1)  # the first request landed in a new buffer, not locked
+        assert len(driver.calls) == 1 and connection.status()["landing"]["pinned"] == -(-X.nbytes // PAGE) * PAGE
+    finally:
+        connection.close()
+        worker._stopping.set()
+        thread.join(timeout=10)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")

@@ -5,7 +5,6 @@ through the real worker of the session, from threads and from spawned
 processes, and check every array that comes back.
 """
 
-import ctypes
 import errno
 import gc
 import multiprocessing
@@ -14,7 +13,6 @@ import random
 import secrets
 import stat
 import threading
-import time
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 
 import numpy as np
@@ -27,7 +25,7 @@ from sklearn_gpu_bridge.shm import SLOT_SIZE, Pool, PoolAttachment, PoolError, r
 from sklearn_gpu_bridge.shm.pool import MEMFD, PIN_MIN_BYTES
 from sklearn_gpu_bridge.worker.pinning import HostPinning
 
-from .conftest import BACKEND
+from .conftest import BACKEND, DriverStandIn
 
 DEAD_PID = 2**22 + 12345  # above Linux's largest pid_max: no such process can exist
 RESULT_TIMEOUT = 120
@@ -294,39 +292,6 @@ def test_memfd_attachment_refuses_an_fd_that_is_not_a_sealed_segment_of_that_poo
 
 
 # ---------------------------------------------------------------- pinning (page-locking for the GPU's DMA)
-
-
-class DriverStandIn:
-    """cudaHostRegister's bookkeeping without a GPU: refuses what the CUDA driver refuses.
-
-    Registering a range that overlaps one registered already, or unregistering
-    an address that is not registered, is an error, as in CUDA; both ends of a
-    range are read, so a range that is not mapped memory fails the test.
-    """
-
-    def __init__(self, fail=False, delay=0.0):
-        self.ranges, self.calls, self.fail, self.delay = {}, [], fail, delay
-        self.attempts = 0
-        self.lock = threading.Lock()
-
-    def register(self, address, nbytes):
-        with self.lock:
-            self.attempts += 1
-        time.sleep(self.delay)
-        if self.fail:
-            raise RuntimeError("cudaErrorNotSupported")
-        ctypes.string_at(address, 1), ctypes.string_at(address + nbytes - 1, 1)
-        with self.lock:
-            if any(a < address + nbytes and address < a + n for a, n in self.ranges.items()):
-                raise RuntimeError("cudaErrorHostMemoryAlreadyRegistered")
-            self.ranges[address] = nbytes
-            self.calls.append(("register", address, nbytes))
-
-    def unregister(self, address):
-        with self.lock:
-            if self.ranges.pop(address, None) is None:
-                raise RuntimeError("cudaErrorHostMemoryNotRegistered")
-            self.calls.append(("unregister", address))
 
 
 def _address_of(view):

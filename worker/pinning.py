@@ -19,9 +19,13 @@ client that describes a huge pool cannot make the worker lock the host's
 memory, nor keep all of the budget from the others. Past it, segments stay
 pageable; the answers are the same, only the copies slower.
 
+The worker's landing buffers (:mod:`.landing`, where arrays sent as frames
+are joined) are registered the same way, as one more pool under the budget.
+
 Copies from registered memory are asynchronous: the worker waits for the
 device (``settle``) before it answers a request that read a pinned range,
-since the client reuses the block as soon as the answer comes.
+since the client reuses the block (and the worker its landing buffer) as
+soon as the answer comes.
 """
 
 import logging

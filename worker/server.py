@@ -175,7 +175,7 @@ class Worker(QuickOps, FastPath):
         self.array_cache = ArrayCache(cache_bytes) if cache_bytes > 0 else None
         pool_dirs = list(dict.fromkeys([*pool_dirs, default_directory(), tempfile.gettempdir()]))
         self.pinning = backend.host_pinning()
-        self.landing = LandingBuffers()
+        self.landing = LandingBuffers(pinning=self.pinning)
         self.clients = Clients(self.handles, self.array_cache, pool_dirs, float(client_timeout or 0),
                                on_free=self._cancel, pinning=self.pinning)
         several = len(self.devices) > 1
@@ -562,7 +562,7 @@ class Worker(QuickOps, FastPath):
                 self._local.freed = freed
                 request = FramesRequest(header, buffers, clients=self.clients, backend=self.backend,
                                         pinning=self.pinning, array_cache=self.array_cache,
-                                        landing=self.landing.take)
+                                        landing=self.landing)
                 if self.devices.driven:
                     device.check()
                     request.device = device.index

@@ -83,7 +83,14 @@ class FramesRequest(Request):
         cache = None
         if self.array_cache is not None:
             cache = self.array_cache.for_client(header["client"], self.kept)
-        return Decoder(header, self.buffers, read_pool=read_pool, cache=cache, landing=self.landing)
+        landing = None
+        if self.landing is not None:
+            def landing(nbytes):
+                view = self.landing.take(nbytes)
+                if self.landing.is_pinned(view):
+                    self._read_pinned = True
+                return view
+        return Decoder(header, self.buffers, read_pool=read_pool, cache=cache, landing=landing)
 
     def arguments(self):
         payload = self._decoder().decode(self.header.get("payload") or {})
