@@ -12,7 +12,7 @@ from sklearn_gpu_bridge.client import connect
 from sklearn_gpu_bridge.worker.landing import PAGE, LandingBuffers
 from sklearn_gpu_bridge.worker.pinning import HostPinning
 
-from .conftest import DriverStandIn, WorkerProcess
+from .conftest import BACKEND, DriverStandIn, WorkerProcess
 
 MiB = 1 << 20
 
@@ -139,6 +139,7 @@ def test_a_model_that_keeps_its_input_keeps_its_buffer(tmp_path):
         np.testing.assert_array_equal(indices.ravel(), np.arange(5))
         landing = connection.status()["landing"]
         assert landing["made"] >= 2 and landing["reused"] >= 1
+        assert (landing["pinned"] > 0) is (BACKEND == "cuml")  # a GPU worker page-locks the buffers it reuses
         assert landing["heap"] is (sys.platform.startswith("linux") and not any(k.startswith("MALLOC_") for k in os.environ))
     finally:
         if connection is not None:
