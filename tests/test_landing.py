@@ -138,8 +138,10 @@ def test_a_model_that_keeps_its_input_keeps_its_buffer(tmp_path):
         np.testing.assert_allclose(distances, 0, atol=1e-6)
         np.testing.assert_array_equal(indices.ravel(), np.arange(5))
         landing = connection.status()["landing"]
-        assert landing["made"] >= 2 and landing["reused"] >= 1
-        assert (landing["pinned"] > 0) is (BACKEND == "cuml")  # a GPU worker page-locks the buffers it reuses
+        if BACKEND == "cuml":  # the model holds X on the device: its buffer is free at once, locked when reused
+            assert landing["reused"] >= 1 and landing["pinned"] > 0
+        else:  # scikit-learn's model keeps a view of X: the arrays after it land in another buffer
+            assert landing["made"] >= 2 and landing["reused"] >= 1 and landing["pinned"] == 0
         assert landing["heap"] is (sys.platform.startswith("linux") and not any(k.startswith("MALLOC_") for k in os.environ))
     finally:
         if connection is not None:
