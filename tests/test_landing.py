@@ -147,3 +147,59 @@ def test_a_model_that_keeps_its_input_keeps_its_buffer(tmp_path):
         if connection is not None:
             connection.close()
         process.stop()
+
+
+class DeviceArray:
+    """What the encoder reads of a CuPy array, held on the host: its layout, and ``get(out=...)``."""
+
+    __cuda_array_interface__ = {}
+
+    def __init__(self, host):
+        self.host, self.flags, self.dtype, self.shape = host, host.flags, host.dtype, host.shape
+        self.size, self.nbytes = host.size, host.nbytes
+
+    def get(self, out=None):
+        if out is None:
+            return self.host.copy()
+        out[...] = self.host
+        return out
+
+
+def test_a_device_result_sent_as_frames_is_copied_into_a_reused_buffer():
+    """The worker's reply over TCP: a device array comes to the host in a landing buffer (page-locked memory on
+    a GPU worker), whose frames ZeroMQ holds until sent; once they are let go, the next reply reuses it."""
+    from sklearn_gpu_bridge.protocol.arrays import Decoder, Encoder
+
+    landing = LandingBuffers(keep_bytes=64 * MiB, min_bytes=MiB)
+    result = np.random.default_rng(0).standard_normal((1000, 1000))  # 8 MB
+    for sent in range(2):
+        encoder = Encoder(max_frame=MiB, host_buffer=landing.take)
+        marker = encoder.encode(DeviceArray(result))
+        kept = landing._kept[0]
+        assert len(landing._kept) == 1 and all(
+            kept.ctypes.data <= np.frombuffer(frame, np.uint8).ctypes.data < kept.ctypes.data + kept.nbytes
+            for frame in encoder.buffers)  # every frame is a view of the kept buffer: no copy of its own
+        np.testing.assert_array_equal(Decoder({"arrays": encoder.arrays}, encoder.buffers).decode(marker), result)
+        del encoder, marker, kept
+    assert landing.status()["made"] == 1 and landing.status()["reused"] == 1
+
+
+@pytest.mark.gpu
+def test_a_cuml_result_over_tcp_lands_in_locked_buffers_and_is_right(tmp_path):
+    """A cuML worker on TCP: StandardScaler's output (a device array) comes back through reused, page-locked
+    buffers, and is scikit-learn's."""
+    from sklearn.preprocessing import StandardScaler
+
+    process, connection = WorkerProcess(tmp_path, bind="127.0.0.1"), None
+    try:
+        connection = connect(process.info, pool="off", array_cache="off")
+        X = np.random.default_rng(0).standard_normal((20_000, 100)).astype(np.float32)  # 8 MB
+        for _ in range(3):
+            Xt = connection.fit("StandardScaler", {}, "fit_transform", [X], {}).result
+            np.testing.assert_allclose(Xt, StandardScaler().fit_transform(X), atol=1e-4)
+        landing = connection.status()["landing"]
+        assert landing["reused"] >= 3 and landing["pinned"] > 0
+    finally:
+        if connection is not None:
+            connection.close()
+        process.stop()

@@ -128,7 +128,7 @@ class FramesRequest(Request):
         out = self.header.get("out")
         attachment = self._pool()
         if not out or attachment is None:
-            return Encoder(), None
+            return Encoder(host_buffer=None if self.landing is None else self.landing.take), None
         segment, start, size = out.get("segment"), out.get("offset"), out.get("nbytes")
         output = attachment.output(segment, start, size)  # validates the range once
         block, used = output.memory, 0

@@ -217,10 +217,13 @@ class Encoder:
     (a :class:`KnownArrays`) turns fingerprints on; with ``reuse=False`` every
     array is sent in full (the resend after a :class:`CacheMiss`). ``reused``
     and ``offered`` list the ``(key, nbytes)`` sent as cached and sent to be kept.
+    ``host_buffer(nbytes)`` gives the writable uint8 buffer a device array that
+    goes as frames is copied into (None: new memory each time).
     """
 
-    def __init__(self, place=None, inline_max=None, cache=None, reuse=True, max_frame=None):
+    def __init__(self, place=None, inline_max=None, cache=None, reuse=True, max_frame=None, host_buffer=None):
         self.place = place
+        self.host_buffer = host_buffer
         if inline_max is None:
             inline_max = INLINE_MAX if place is None else POOL_INLINE_MAX
         self.inline_max = inline_max
@@ -331,13 +334,17 @@ class Encoder:
         return {SPARSE: out}
 
     def device_array(self, arr):
-        """A CuPy array: copied from the device straight into its pool block when it has one."""
+        """A CuPy array: copied from the device straight into its pool block when it has one, else into a
+        ``host_buffer`` (reused, page-locked memory on a worker) when there is one."""
         nbytes = arr.nbytes
         order = "C" if arr.flags.c_contiguous else "F" if arr.flags.f_contiguous else None
         dtype = np.dtype(arr.dtype)
         spot = None
         if order and nbytes > self.inline_max and dtype.str in DTYPES and self.place is not None:
             spot = self.place(nbytes)
+        if spot is None and order and dtype.str in DTYPES and self.host_buffer is not None:
+            host = np.frombuffer(self.host_buffer(nbytes), dtype, count=arr.size).reshape(arr.shape, order=order)
+            return self.array(arr.get(out=host))
         if spot is None:
             return self.array(arr.get())
         segment, offset, memory = spot
