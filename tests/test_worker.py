@@ -376,7 +376,7 @@ def test_a_cupy_without_its_own_stream_ordered_allocator_keeps_rmms_and_says_so(
     def refused(pool):
         raise RuntimeError("cudaErrorNotSupported: memory pools are not supported on this device")
 
-    runtime = types.SimpleNamespace(deviceGetDefaultMemPool=lambda device: 1234,
+    runtime = types.SimpleNamespace(deviceGetDefaultMemPool=lambda device: 1234, getDeviceCount=lambda: 1,
                                     memPoolSetAttribute=lambda pool, attribute, value: None)
     fake_cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(
         Device=lambda: types.SimpleNamespace(id=0, mem_info=(8 << 30, 16 << 30)), runtime=runtime,
@@ -391,6 +391,29 @@ def test_a_cupy_without_its_own_stream_ordered_allocator_keeps_rmms_and_says_so(
         use_device_memory("async-cupy")
     assert made == [{"release_threshold": 1 << 30}] and allocators == []
     assert "CuPy's stream-ordered allocator is not usable here (RuntimeError: cudaErrorNotSupported" in caplog.text
+
+
+def test_on_a_host_of_several_gpus_cupys_own_allocator_never_touches_the_others(monkeypatch, caplog):
+    """``async-cupy`` where the process sees two GPUs: RMM's pool is made for the current one, and CuPy's own
+    allocator is not made at all. Its constructor would make each GPU current in turn (a context on each) and
+    make the one pool it is given the current pool of all of them, so that another GPU's ``cudaMallocAsync``
+    would hand out the first GPU's memory (stand-ins for CuPy and RMM that record what they are asked)."""
+    made, asked = [], []
+    runtime = types.SimpleNamespace(getDeviceCount=lambda: 2, deviceGetDefaultMemPool=asked.append,
+                                    setDevice=asked.append, deviceSetMemPool=lambda *args: asked.append(args))
+    fake_cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(
+        Device=lambda: types.SimpleNamespace(id=0, mem_info=(8 << 30, 16 << 30)), runtime=runtime,
+        MemoryAsyncPool=lambda pool: asked.append(("MemoryAsyncPool", pool)), set_allocator=asked.append))
+    fake_rmm = types.SimpleNamespace(mr=types.SimpleNamespace(CudaAsyncMemoryResource=lambda **kwargs: kwargs,
+                                                              set_current_device_resource=made.append))
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
+    monkeypatch.setitem(sys.modules, "rmm", fake_rmm)
+    from sklearn_gpu_bridge.worker.device_memory import use_device_memory
+
+    with caplog.at_level("INFO", logger="sklearn_gpu_bridge.worker.device_memory"):
+        use_device_memory("async-cupy")
+    assert made == [{"release_threshold": 1 << 30}] and asked == []
+    assert "CuPy's arrays: through RMM (this process sees several GPUs)" in caplog.text
 
 
 def test_a_worker_of_several_gpus_gives_cupys_arrays_through_rmm(monkeypatch):

@@ -55,9 +55,16 @@ def _cupy_allocates_itself(cupy):
     default pool, not through RMM's ``rmm_cupy_allocator``, which cuML installs at import: that one runs Python
     for every array (an RMM buffer, CuPy's wrappers of it), 0.17-0.27 ms of a small call on an H200.
     ``MemoryAsyncPool`` sets the pool's release threshold to no limit (CuPy reads the threshold as a cap on the
-    pool's growth), so the pool keeps what CuPy frees for reuse. On a host of several GPUs it also asks CUDA to
-    make this pool every GPU's current one, which CUDA refuses: CuPy's arrays then keep coming through RMM."""
+    pool's growth), so the pool keeps what CuPy frees for reuse.
+
+    Only where this process sees one GPU: ``MemoryAsyncPool`` makes the pool it is given the current pool of
+    every visible GPU, each made current in turn, so on a host of several it would open a context on each and
+    hand the first GPU's memory to any other's ``cudaMallocAsync``. There CuPy's arrays keep coming through RMM.
+    """
     runtime = cupy.cuda.runtime
+    if runtime.getDeviceCount() != 1:
+        log.info("CuPy's arrays: through RMM (this process sees several GPUs)")
+        return
     try:
         pool = runtime.deviceGetDefaultMemPool(cupy.cuda.Device().id)
         cupy.cuda.set_allocator(cupy.cuda.MemoryAsyncPool(pool).malloc)
