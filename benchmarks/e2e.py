@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import weakref
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -245,10 +246,13 @@ def paired_difference(times, others):
 
 
 class WorkerProcess(LaunchedWorker):
-    """A worker in a temp folder that goes when it stops; how long it took to be ready, its memory."""
+    """A worker in a temp folder that goes when it stops (or when this process ends, however it ends); how long
+    it took to be ready, its memory."""
 
     def __init__(self, backend, **options):
-        super().__init__(tempfile.mkdtemp(prefix="sgb-e2e-"), backend=backend, log_level="WARNING", **options)
+        super().__init__(tempfile.mkdtemp(prefix="sgb-e2e-"), backend=backend, log_level="WARNING",
+                         parent_pid=os.getpid(), **options)
+        weakref.finalize(self, shutil.rmtree, self.folder, ignore_errors=True)  # at exit too
 
     def rss_mb(self):
         for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
