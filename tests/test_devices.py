@@ -16,13 +16,13 @@ from sklearn.preprocessing import StandardScaler
 from sklearn.svm import SVC
 
 import sklearn_gpu_bridge
-from sklearn_gpu_bridge import GPUSVC, GPUTSNE, GPUStandardScaler, WorkerUnavailable
+from sklearn_gpu_bridge import GPUSVC, GPUTSNE, GPUKMeans, GPUStandardScaler, WorkerUnavailable
 from sklearn_gpu_bridge.errors import ConfigurationError
 from sklearn_gpu_bridge.manage.service import format_status, status
 from sklearn_gpu_bridge.worker.backends import SIMULATED_GPU_FAILS, SIMULATED_GPU_MEMORY
 from sklearn_gpu_bridge.worker.devices import ERRORS_TO_GIVE_UP, Devices, DeviceUnusable, device_failure, parse_gpus
 
-from .conftest import BACKEND, WorkerProcess, assert_same, own_worker, wait_until
+from .conftest import BACKEND, RawClient, WorkerProcess, assert_same, own_worker, wait_until
 
 CPU_ONLY = pytest.mark.skipif(BACKEND != "sklearn", reason="simulated GPUs are the CPU backend's")
 
@@ -165,6 +165,41 @@ def test_a_fit_goes_to_the_idle_gpu_and_the_model_s_calls_follow_it(tmp_path, wo
         _idle(connection)
         GPUStandardScaler().fit(X)  # a new fit, both idle: the first again
         assert _requests(connection)[0] == after[0] + 1
+
+
+def test_a_kmeans_runs_on_the_first_gpu_even_while_another_is_idle(tmp_path, worker):
+    """cuML's KMeans runs only on the first GPU it ran on in a process (on another GPU: an illegal memory access,
+    which loses that GPU): its fit waits for the worker's first GPU, and its model's calls run there; other
+    fits still go where the least work is."""
+    X, y = _data()
+    with own_worker(tmp_path, worker, gpus="0,1", threads=1):
+        connection = sklearn_gpu_bridge.get_connection()
+        slow = _SlowFit(connection)
+        assert slow.gpu == 0
+        scaler = GPUStandardScaler().fit(X)  # GPU 0 is busy: GPU 1
+        labels = GPUKMeans(n_clusters=2, random_state=0).fit(X).predict(X)  # GPU 1 is idle, yet GPU 0
+        slow.join()
+        assert labels.shape == (len(X),) and scaler.mean_.shape == (5,)
+        gpus = _gpus(connection)
+        assert gpus[0]["requests"] == 3 and gpus[1]["requests"] == 2  # the slow fit, KMeans' fit and predict; the
+        # scaler's fit and its mean_
+
+
+@pytest.mark.parametrize("name", [["KMeans"], {"KMeans": 1}, 7])
+def test_a_key_holders_fit_naming_an_estimator_oddly_leaves_a_worker_of_several_gpus_serving(tmp_path, worker, name):
+    """Placement reads the request's estimator name before anything checks it: a list, a dict or a number there
+    (a key holder may send any) gets an error, and the worker and its GPUs carry on."""
+    X, y = _data()
+    with own_worker(tmp_path, worker, gpus="0,1", threads=1) as process:
+        hostile = RawClient(process)
+        try:
+            reply, _ = hostile.request(hostile.header("fit", estimator=name, method="fit", params={},
+                                                      payload={"args": [], "kwargs": {}}))
+        finally:
+            hostile.close()
+        assert reply["op"] == "error" and "unknown estimator" in reply["message"]
+        assert_same(GPUKMeans(n_clusters=2, random_state=0).fit(X).cluster_centers_.shape, (2, 5))
+        assert "Traceback" not in process.log()  # no thread of the worker met it unprepared
 
 
 @CPU_ONLY

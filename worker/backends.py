@@ -229,8 +229,11 @@ class Backend:
 
         return {"python": platform.python_version(), "numpy": np.__version__, "scikit-learn": sklearn.__version__}
 
-    def warm_up(self):
-        """Pay one-time set-up costs before the worker reports ready."""
+    #: estimators whose fitted models run only on the first GPU a worker drives (see CumlBackend)
+    first_device_only = frozenset()
+
+    def warm_up(self, first=True):
+        """Pay one-time set-up costs before the worker reports ready (``first``: on the first GPU it drives)."""
 
     def memory_budget(self):
         """Bytes of device memory that requests running at once may use (None: no limit, host memory)."""
@@ -261,9 +264,15 @@ SIMULATED_GPU_MEMORY = WORKER_ENV_PREFIX + "_SIMULATED_GPU_MEMORY"
 SIMULATED_GPU_FAILS = WORKER_ENV_PREFIX + "_SIMULATED_GPU_FAILS"
 
 
+#: cuML 26.10's KMeans (cuVS) runs only on the first GPU it ran on in a process: on another it fails with an
+#: illegal memory access, which loses that GPU's context. A worker of several GPUs runs these on its first.
+FIRST_DEVICE_ONLY = frozenset({"KMeans"})
+
+
 class SklearnBackend(Backend):
     name = "sklearn"
     _failing = None  # the simulated GPU that fails (SIMULATED_GPU_FAILS)
+    first_device_only = FIRST_DEVICE_ONLY  # simulated GPUs place work as cuML's would be placed
 
     def estimator_class(self, name):
         if name in STAND_INS:
@@ -482,11 +491,15 @@ class CumlBackend(Backend):
         free, total = cupy.cuda.Device(index).mem_info
         return int(total - free)
 
-    def warm_up(self):
+    first_device_only = FIRST_DEVICE_ONLY
+
+    def warm_up(self, first=True):
         rng = np.random.default_rng(0)
         X = rng.standard_normal((256, 8)).astype(np.float32)
         y = (X[:, 0] > 0).astype(np.int32)
         for name in WARM_UP:
+            if not first and name in self.first_device_only:
+                continue
             est, _ = self.create(name, {})
             try:
                 if name in ("LogisticRegression", "SVC"):

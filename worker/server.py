@@ -205,7 +205,7 @@ class Worker(QuickOps, FastPath):
         """Warm up, bind, and write the connection file (which means: ready)."""
         for device in self.devices:
             with self._on(device):
-                self.backend.warm_up()
+                self.backend.warm_up(first=device is self.devices.all[0])
         raise_file_limit()
         self.landing.heap_kept = keep_frames_in_heap()
         self.router = self.context.socket(zmq.ROUTER)
@@ -463,8 +463,12 @@ class Worker(QuickOps, FastPath):
         return input_bytes(header, buffers, pool_segment, cached)
 
     def _affinity(self, item):
-        """The device a queued request must run on: that of the model it reads; None for any other."""
+        """The device a queued request must run on: that of the model it reads, the first one for a model of an
+        estimator that runs there only (``backend.first_device_only``); None for any other."""
         header = item[1]
+        name = header.get("estimator")
+        if type(name) is str and name in self.backend.first_device_only and len(self.devices) > 1:
+            return self.devices.all[0].index
         return self.handles.device_of(header.get("handle"), header.get("client"))
 
     def _on(self, device):
