@@ -368,6 +368,21 @@ def test_a_gpu_without_memory_pools_keeps_cumls_allocator_and_says_so(monkeypatc
     assert "CUDA's stream-ordered pool is not usable here (RuntimeError: cudaErrorNotSupported" in caplog.text
 
 
+def _with_stand_ins(monkeypatch, runtime, memory_async_pool, set_allocator, set_resource):
+    """``use_device_memory`` with CuPy and RMM stood in for: CuPy's ``runtime``, ``MemoryAsyncPool`` and
+    ``set_allocator`` as given, one GPU of 16 GiB current; RMM's resource set with ``set_resource``."""
+    fake_cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(
+        Device=lambda: types.SimpleNamespace(id=0, mem_info=(8 << 30, 16 << 30)), runtime=runtime,
+        MemoryAsyncPool=memory_async_pool, set_allocator=set_allocator))
+    fake_rmm = types.SimpleNamespace(mr=types.SimpleNamespace(CudaAsyncMemoryResource=lambda **kwargs: kwargs,
+                                                              set_current_device_resource=set_resource))
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
+    monkeypatch.setitem(sys.modules, "rmm", fake_rmm)
+    from sklearn_gpu_bridge.worker.device_memory import use_device_memory
+
+    return use_device_memory
+
+
 def test_a_cupy_without_its_own_stream_ordered_allocator_keeps_rmms_and_says_so(monkeypatch, caplog):
     """``async-cupy`` where CuPy cannot make its own stream-ordered pool (an older driver, HIP): RMM's resource is
     still set, CuPy's arrays keep coming through RMM's allocator, and the log says why (stand-ins as above)."""
@@ -378,14 +393,7 @@ def test_a_cupy_without_its_own_stream_ordered_allocator_keeps_rmms_and_says_so(
 
     runtime = types.SimpleNamespace(deviceGetDefaultMemPool=lambda device: 1234, getDeviceCount=lambda: 1,
                                     memPoolSetAttribute=lambda pool, attribute, value: None)
-    fake_cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(
-        Device=lambda: types.SimpleNamespace(id=0, mem_info=(8 << 30, 16 << 30)), runtime=runtime,
-        MemoryAsyncPool=refused, set_allocator=allocators.append))
-    fake_rmm = types.SimpleNamespace(mr=types.SimpleNamespace(CudaAsyncMemoryResource=lambda **kwargs: kwargs,
-                                                              set_current_device_resource=made.append))
-    monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
-    monkeypatch.setitem(sys.modules, "rmm", fake_rmm)
-    from sklearn_gpu_bridge.worker.device_memory import use_device_memory
+    use_device_memory = _with_stand_ins(monkeypatch, runtime, refused, allocators.append, made.append)
 
     with caplog.at_level("WARNING", logger="sklearn_gpu_bridge.worker.device_memory"):
         use_device_memory("async-cupy")
@@ -401,14 +409,8 @@ def test_on_a_host_of_several_gpus_cupys_own_allocator_never_touches_the_others(
     made, asked = [], []
     runtime = types.SimpleNamespace(getDeviceCount=lambda: 2, deviceGetDefaultMemPool=asked.append,
                                     setDevice=asked.append, deviceSetMemPool=lambda *args: asked.append(args))
-    fake_cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(
-        Device=lambda: types.SimpleNamespace(id=0, mem_info=(8 << 30, 16 << 30)), runtime=runtime,
-        MemoryAsyncPool=lambda pool: asked.append(("MemoryAsyncPool", pool)), set_allocator=asked.append))
-    fake_rmm = types.SimpleNamespace(mr=types.SimpleNamespace(CudaAsyncMemoryResource=lambda **kwargs: kwargs,
-                                                              set_current_device_resource=made.append))
-    monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
-    monkeypatch.setitem(sys.modules, "rmm", fake_rmm)
-    from sklearn_gpu_bridge.worker.device_memory import use_device_memory
+    use_device_memory = _with_stand_ins(monkeypatch, runtime, lambda pool: asked.append(("MemoryAsyncPool", pool)),
+                                        asked.append, made.append)
 
     with caplog.at_level("INFO", logger="sklearn_gpu_bridge.worker.device_memory"):
         use_device_memory("async-cupy")
