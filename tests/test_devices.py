@@ -110,6 +110,12 @@ def test_an_unusable_gpu_gets_no_new_work_and_its_models_calls_fail_at_once():
     error = RuntimeError("CUDA error encountered at: x.cu:12 call='k' Reason=cudaErrorIllegalAddress")
     assert device_failure(error) == "cuda"
     assert device_failure(MemoryError("std::bad_alloc: out_of_memory")) == "memory"
+    assert device_failure(MemoryError("std::bad_alloc: out_of_memory: CUDA error at: cuda_async_memory_resource.hpp:"
+                                      "70: cudaErrorMemoryAllocation out of memory")) == "memory"
+    # RMM meets a sticky error of an earlier kernel while it allocates: a CUDA error, not a want of memory
+    assert device_failure(MemoryError("std::bad_alloc: CUDA error (failed to allocate 1066640 bytes) at: "
+                                      "cuda_async_view_memory_resource.cpp:43: cudaErrorIllegalAddress an illegal "
+                                      "memory access was encountered")) == "cuda"
     assert device_failure(ValueError("C must be positive")) is None
     assert device_failure(_raised_while_handling(error, AssertionError())) == "cuda"  # CuPy's allocator on the way out
     assert device_failure(_raised_while_handling(error, ValueError("y has one class"))) is None  # words of its own
@@ -252,6 +258,7 @@ def test_each_gpu_has_its_own_memory_budget_and_the_status_shows_each(tmp_path, 
     with own_worker(tmp_path, worker, gpus="0,1,2", threads=1) as process:
         connection = sklearn_gpu_bridge.get_connection()
         svc = GPUSVC().fit(X, y)
+        _idle(connection)  # what a request was admitted with is given back just after its reply
         reply = connection.status()
         assert [g["budget"] for g in reply["gpus"]] == [1 << 20] * 3 and reply["device_budget"] == 3 << 20
         assert reply["gpus"][0]["peak_in_use"] > 0 and reply["device_in_use"] == 0

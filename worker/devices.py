@@ -17,6 +17,7 @@ as the reason, and gets no new work. The scheduler's lock guards the counts
 of running work (:mod:`.scheduler`); a device's own lock, its failures.
 """
 
+import re
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -186,11 +187,15 @@ def device_failure(exc):
 
 
 def _failure_kind(exc):
-    if isinstance(exc, MemoryError):
-        return "memory"
     text = str(exc)
     if "cudaErrorMemoryAllocation" in text or "CUDA_ERROR_OUT_OF_MEMORY" in text:
         return "memory"
+    if isinstance(exc, MemoryError):  # RMM's bad_alloc also carries a sticky error met while allocating
+        return "cuda" if _OTHER_CUDA_ERROR.search(text) else "memory"
     if type(exc).__name__ in CUDA_ERROR_TYPES or "CUDA error" in text or "cudaError" in text:
         return "cuda"
     return None
+
+
+#: a CUDA error named in an allocator's MemoryError that is not the want of memory (cudaErrorIllegalAddress ...)
+_OTHER_CUDA_ERROR = re.compile(r"cudaError(?!MemoryAllocation)\w+|CUDA_ERROR_(?!OUT_OF_MEMORY)\w+")
