@@ -265,8 +265,9 @@ SIMULATED_GPU_FAILS = WORKER_ENV_PREFIX + "_SIMULATED_GPU_FAILS"
 
 
 #: cuML 26.10's KMeans (cuVS) runs only on the first GPU it ran on in a process: on another it fails with an
-#: illegal memory access, which loses that GPU's context. A worker of several GPUs runs these on its first.
-FIRST_DEVICE_ONLY = frozenset({"KMeans"})
+#: illegal memory access, which loses that GPU's context. SpectralClustering runs the same k-means of cuVS
+#: (cuvs::cluster::spectral). A worker of several GPUs runs these on its first.
+FIRST_DEVICE_ONLY = frozenset({"KMeans", "SpectralClustering"})
 
 
 class SklearnBackend(Backend):
