@@ -184,6 +184,25 @@ def test_a_device_result_sent_as_frames_is_copied_into_a_reused_buffer():
     assert landing.status()["made"] == 1 and landing.status()["reused"] == 1
 
 
+def test_a_smaller_result_in_a_reused_buffer_carries_none_of_the_earlier_ones_bytes():
+    """Buffers serve every client in turn: a reply that reuses the buffer of a larger one (another client's)
+    sends its own bytes only, not the tail of the earlier result that still lies in the buffer."""
+    from sklearn_gpu_bridge.protocol.arrays import Decoder, Encoder
+
+    landing = LandingBuffers(keep_bytes=64 * MiB, min_bytes=MiB)
+    secret = np.full((1024, 1024), 7.0)  # 8 MiB of another client's result
+    encoder = Encoder(max_frame=MiB, host_buffer=landing.take)
+    encoder.encode(DeviceArray(secret))
+    del encoder
+    mine = np.arange(6 * MiB // 8, dtype=np.float64).reshape(-1, 64)  # 6 MiB: fits in the 8 MiB buffer
+    encoder = Encoder(max_frame=MiB, host_buffer=landing.take)
+    marker = encoder.encode(DeviceArray(mine))
+    assert landing.status()["reused"] == 1  # the same buffer, its last 2 MiB still the earlier result's
+    sent = b"".join(bytes(frame) for frame in encoder.buffers)
+    assert sent == mine.tobytes()  # its own bytes, exactly as many
+    np.testing.assert_array_equal(Decoder({"arrays": encoder.arrays}, encoder.buffers).decode(marker), mine)
+
+
 @pytest.mark.gpu
 def test_a_cuml_result_over_tcp_lands_in_locked_buffers_and_is_right(tmp_path):
     """A cuML worker on TCP: StandardScaler's output (a device array) comes back through reused, page-locked
