@@ -64,7 +64,8 @@ _device_memory_option = click.option(
 @_device_memory_option
 @click.option("--connection-file", type=click.Path(dir_okay=False), default=str(default_connection_file()),
               help="Where to write address and key (mode 0600) once ready.")
-@click.option("--threads", default=W["threads"], type=click.IntRange(1), help="Estimator calls run at once.")
+@click.option("--threads", default=W["threads"], type=click.IntRange(0),
+              help="Estimator calls run at once on each GPU; 0: 4 on one GPU, 8 on each of several.")
 @click.option("--gpus", default=W["gpus"],
               help="GPUs to drive: all, or indices such as 0,1 (each runs --threads calls at once; a fit goes to the "
                    "least busy one it fits on, a model's calls to its own). Default: the first GPU.")
@@ -207,7 +208,8 @@ def _print_status(result: dict[str, Any]) -> None:
 @click.option("--log-file", type=click.Path(dir_okay=False), default=None,
               help="Where the worker's log goes (appended). Default: next to the connection file, .log.")
 @click.option("--log-level", default=W["log_level"], type=LOG_LEVELS)
-@click.option("--threads", default=W["threads"], type=click.IntRange(1), help="Estimator calls run at once.")
+@click.option("--threads", default=W["threads"], type=click.IntRange(0),
+              help="Estimator calls run at once on each GPU; 0: 4 on one GPU, 8 on each of several.")
 @click.option("--gpus", default=W["gpus"], help="GPUs to drive: all, or indices such as 0,1. Default: the first GPU.")
 @_device_memory_option
 @click.option("--port", default=W["port"], type=click.IntRange(0, 65535),

@@ -87,8 +87,8 @@ WORKER_DEFAULTS = {
     "device_memory": "async-cupy",
     # ms a worker thread watches a local spinning client's request slot after its reply before sleeping; 0: none
     "watch_ms": 3.0,
-    # estimator calls run at once, of all clients (cuML's fits overlap on one GPU)
-    "threads": 4,
+    # estimator calls run at once on each GPU, of all clients; 0: 4 on one GPU, 8 on each of several
+    "threads": 0,
     # GPUs the worker drives: all | indices such as 0,1 (each runs `threads` calls at once); None: the first one
     "gpus": None,
     # folders where clients' shared-memory pools may be found (besides /dev/shm and the temp folder)

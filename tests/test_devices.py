@@ -152,6 +152,17 @@ def test_out_of_memory_and_a_success_between_errors_do_not_make_a_gpu_unusable()
 
 
 @CPU_ONLY
+def test_by_default_each_of_several_gpus_runs_more_calls_at_once_than_one_gpu(tmp_path, worker):
+    """threads=0 (the default): 4 calls at once on one GPU, 8 on each GPU of a worker that drives several."""
+    with own_worker(tmp_path / "one", worker):
+        assert sklearn_gpu_bridge.get_connection().status()["threads"] == 4
+    with own_worker(tmp_path / "two", worker, gpus="0,1"):
+        assert sklearn_gpu_bridge.get_connection().status()["threads"] == 16
+    with own_worker(tmp_path / "set", worker, gpus="0,1", threads=3):
+        assert sklearn_gpu_bridge.get_connection().status()["threads"] == 6
+
+
+@CPU_ONLY
 def test_a_fit_goes_to_the_idle_gpu_and_the_model_s_calls_follow_it(tmp_path, worker):
     X, y = _data()
     with own_worker(tmp_path, worker, gpus="0,1", threads=1):

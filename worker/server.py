@@ -126,6 +126,14 @@ def check_settings(*, bind=WORKER_DEFAULTS["bind"], key=None, key_file=None, cur
     return key, curve, allowed
 
 
+def calls_per_device(threads, devices):
+    """Estimator calls run at once on each GPU: ``threads``, or where it is 0, 4 on one GPU and 8 on each of
+    several. Each call also runs Python (cuML's input checks, the reply) under the one interpreter lock of the
+    process; with several GPUs it waits there for the others' calls more often, and more calls in flight keep
+    each GPU busy (docs/scale-out.md)."""
+    return int(threads) or (4 if devices == 1 else 8)
+
+
 def raise_file_limit():
     """Open files up to the hard limit: connections are files, and a flood of them must not starve honest ones."""
     try:
@@ -179,7 +187,8 @@ class Worker(QuickOps, FastPath):
         self.clients = Clients(self.handles, self.array_cache, pool_dirs, float(client_timeout or 0),
                                on_free=self._cancel, pinning=self.pinning)
         several = len(self.devices) > 1
-        self.queue = FairQueue(self._work, threads=threads * len(self.devices), max_queued=max_queued,
+        self.queue = FairQueue(self._work, threads=calls_per_device(threads, len(self.devices)) * len(self.devices),
+                               max_queued=max_queued,
                                cost=lambda item: DEVICE_MEMORY_FACTOR * self._carried_bytes(item),
                                devices=self.devices, affinity=self._affinity if several else None,
                                after=self._follow, may_start=self.clients.ready)
