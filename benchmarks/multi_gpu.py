@@ -100,7 +100,8 @@ def dask_route(X, y):
     with LocalCUDACluster(threads_per_worker=2) as cluster, Client(cluster) as client:
         modes = client.run(sgb.execution_mode)
         ready = time.perf_counter() - started
-        with joblib.parallel_config(backend="dask", scatter=[X, y]):
+        # the fits run in the Dask workers; the refit of the best candidate runs here, with cuML in this process
+        with joblib.parallel_config(backend="dask", scatter=[X, y]), sgb.config_context(execution="in_process"):
             began = time.perf_counter()
             search = GridSearchCV(pipeline(), GRID, cv=3, n_jobs=-1).fit(X, y)
             elapsed = time.perf_counter() - began
