@@ -116,7 +116,7 @@ def worker(backend: str, device_memory: str, connection_file: str, parent_pid: i
         # settings are checked before the backend warms up: a refusal comes at once
         check_settings(bind=settings["bind"], key_file=settings["key_file"],
                        curve_secret_key=settings["curve_secret_key"], curve_allow=settings["curve_allow"],
-                       watch_ms=settings["watch_ms"])
+                       watch_ms=settings["watch_ms"], threads=settings["threads"])
         chosen, reason = make_backend(backend, device_memory=device_memory)
         if reason:
             logging.getLogger("sklearn_gpu_bridge.worker").warning("falling back to scikit-learn: %s", reason)

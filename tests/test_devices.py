@@ -19,6 +19,7 @@ import sklearn_gpu_bridge
 from sklearn_gpu_bridge import GPUSVC, GPUTSNE, GPUKMeans, GPUStandardScaler, WorkerUnavailable
 from sklearn_gpu_bridge.errors import ConfigurationError
 from sklearn_gpu_bridge.manage.service import format_status, status
+from sklearn_gpu_bridge.worker import check_settings
 from sklearn_gpu_bridge.worker.backends import SIMULATED_GPU_FAILS, SIMULATED_GPU_MEMORY
 from sklearn_gpu_bridge.worker.devices import ERRORS_TO_GIVE_UP, Devices, DeviceUnusable, device_failure, parse_gpus
 
@@ -160,6 +161,11 @@ def test_by_default_each_of_several_gpus_runs_more_calls_at_once_than_one_gpu(tm
         assert sklearn_gpu_bridge.get_connection().status()["threads"] == 16
     with own_worker(tmp_path / "set", worker, gpus="0,1", threads=3):
         assert sklearn_gpu_bridge.get_connection().status()["threads"] == 6
+
+
+def test_a_negative_number_of_threads_is_refused_before_the_backend_warms_up():
+    with pytest.raises(ConfigurationError, match="threads must be 0"):
+        check_settings(threads=-1)
 
 
 @CPU_ONLY

@@ -103,7 +103,7 @@ def is_loopback(host):
 
 
 def check_settings(*, bind=WORKER_DEFAULTS["bind"], key=None, key_file=None, curve_secret_key=None,
-                   curve_allow=None, watch_ms=WORKER_DEFAULTS["watch_ms"]):
+                   curve_allow=None, watch_ms=WORKER_DEFAULTS["watch_ms"], threads=WORKER_DEFAULTS["threads"]):
     """(hex key, CurveZMQ keys or None, allowed client keys), or ConfigurationError saying what to change.
 
     Called before the backend warms up, so that a refusal comes at once.
@@ -111,6 +111,9 @@ def check_settings(*, bind=WORKER_DEFAULTS["bind"], key=None, key_file=None, cur
     if not 0 <= float(watch_ms) <= MAX_WATCH_MS:  # NaN too: a watch that never ends keeps a core busy
         raise ConfigurationError(f"watch_ms must be a number of milliseconds from 0 to {MAX_WATCH_MS:g}, "
                                  f"not {watch_ms!r}")
+    if int(threads) < 0:
+        raise ConfigurationError(f"threads must be 0 (4 calls at once on one GPU, 8 on each of several) or more, "
+                                 f"not {threads!r}")
     if key_file is not None:
         key = read_key_file(key_file)
     key = new_key() if key is None else signing_key(key, "the --key-file").hex()
@@ -159,7 +162,7 @@ class Worker(QuickOps, FastPath):
                  gpus=WORKER_DEFAULTS["gpus"]):
         self.key, self.curve, self.curve_allowed = check_settings(
             bind=bind, key=key, key_file=key_file, curve_secret_key=curve_secret_key, curve_allow=curve_allow,
-            watch_ms=watch_ms)
+            watch_ms=watch_ms, threads=threads)
         self.backend = backend
         self.versions = {"sklearn-gpu-bridge": __version__, **backend.versions()}  # asked once
         self.fallback_reason = fallback_reason
