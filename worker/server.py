@@ -131,9 +131,8 @@ def check_settings(*, bind=WORKER_DEFAULTS["bind"], key=None, key_file=None, cur
 
 def calls_per_device(threads, devices):
     """Estimator calls run at once on each GPU: ``threads``, or where it is 0, 4 on one GPU and 8 on each of
-    several. Each call also runs Python (cuML's input checks, the reply) under the one interpreter lock of the
-    process; with several GPUs it waits there for the others' calls more often, and more calls in flight keep
-    each GPU busy (docs/scale-out.md)."""
+    several. Each call also runs Python (cuML's input checks, the reply), and the calls of all GPUs share the
+    process's interpreter lock: more calls in flight keep each GPU busy (measured: docs/scale-out.md)."""
     return int(threads) or (4 if devices == 1 else 8)
 
 
