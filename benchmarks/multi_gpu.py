@@ -109,7 +109,13 @@ def searches_at_once(workers):
     at = time.time() + 10  # each has imported, made its data and connected by then
     processes = [subprocess.Popen([sys.executable, __file__, "--client", str(worker.connection_file), "--at", str(at)],
                                   stdout=subprocess.PIPE, text=True) for worker in workers]
-    outputs = [process.communicate(timeout=300)[0] for process in processes]
+    try:
+        outputs = [process.communicate(timeout=300)[0] for process in processes]
+    finally:  # none left running, also when one fails or hangs
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
     if any(process.returncode for process in processes):
         raise RuntimeError(f"a client process failed: exit codes {[process.returncode for process in processes]}")
     return max(json.loads(output.strip().splitlines()[-1])["seconds"] for output in outputs)
