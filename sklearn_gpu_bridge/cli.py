@@ -69,8 +69,13 @@ _device_memory_option = click.option(
 @click.option("--gpus", default=W["gpus"],
               help="GPUs to drive: all, or indices such as 0,1 (each runs --threads calls at once; a fit goes to the "
                    "least busy one it fits on, a model's calls to its own). Default: the first GPU.")
+@click.option("--gpu-processes/--no-gpu-processes", default=W["gpu_processes"],
+              help="With several GPUs: a worker process for each, behind this one's address (default: the GPUs "
+                   "never wait on one another's Python), or all of them in this process.")
 @click.option("--parent-pid", type=int, default=None, hidden=True,
               help="Stop when this process dies (used by the local worker).")
+@click.option("--front", default=None, hidden=True,
+              help="RUN_ID:GPU: serve that GPU behind the worker of that run (it starts this process).")
 @click.option("--pool-dir", "pool_dirs", multiple=True, type=click.Path(file_okay=False),
               help="Folder where clients' shared-memory pools may be found (repeatable). "
                    "Default: /dev/shm and the temp folder.")
@@ -103,12 +108,14 @@ _device_memory_option = click.option(
                    "between scripts); with a connection file, it takes the start lock beside it first. 0: never.")
 @click.option("--log-level", default=W["log_level"], type=LOG_LEVELS)
 def worker(backend: str, device_memory: str, connection_file: str, parent_pid: int | None, log_level: str,
-           **settings: Any) -> None:
+           gpu_processes: bool, front: str | None, **settings: Any) -> None:
     """Run a worker in this process until SIGINT, SIGTERM or a shutdown request."""
-    from .errors import ConfigurationError
+    from .errors import ConfigurationError, WorkerUnavailable
     from .worker import Worker, check_settings, make_backend
+    from .worker.front import Front, processes_for
 
-    logging.basicConfig(level=log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    gpu = f"[GPU {front.rpartition(':')[2]}]" if front else ""  # a process behind a front shares its log
+    logging.basicConfig(level=log_level, format=f"%(asctime)s %(name)s{gpu} %(levelname)s %(message)s")
     accel = sys.modules.get("sklearn_gpu_bridge.accel")  # a sitecustomize of accel's may have installed it here
     if accel is not None and accel.is_installed():
         accel.uninstall()  # a worker's scikit-learn must be scikit-learn itself, not served by a worker
@@ -117,14 +124,21 @@ def worker(backend: str, device_memory: str, connection_file: str, parent_pid: i
         check_settings(bind=settings["bind"], key_file=settings["key_file"],
                        curve_secret_key=settings["curve_secret_key"], curve_allow=settings["curve_allow"],
                        watch_ms=settings["watch_ms"], threads=settings["threads"])
-        chosen, reason = make_backend(backend, device_memory=device_memory)
-        if reason:
-            logging.getLogger("sklearn_gpu_bridge.worker").warning("falling back to scikit-learn: %s", reason)
-        server = Worker(chosen, connection_file=connection_file, parent_pid=parent_pid, fallback_reason=reason,
-                        **settings)
-    except (ConfigurationError, OSError) as exc:
+        gpus = processes_for(settings["gpus"], backend) if gpu_processes and front is None else None
+        if gpus is not None:
+            del settings["gpus"]
+            server = Front(gpus, connection_file=connection_file, parent_pid=parent_pid, backend=backend,
+                           device_memory=device_memory, log_level=log_level, **settings)
+        else:
+            chosen, reason = make_backend(backend, device_memory=device_memory)
+            if reason:
+                logging.getLogger("sklearn_gpu_bridge.worker").warning("falling back to scikit-learn: %s", reason)
+            server = Worker(chosen, connection_file=connection_file, parent_pid=parent_pid, fallback_reason=reason,
+                            front=front, **settings)
+        server.start()
+    except (ConfigurationError, OSError, WorkerUnavailable) as exc:
         raise click.ClickException(str(exc)) from None
-    server.start().serve_forever()
+    server.serve_forever()
 
 
 @main.command(short_help="Make a CurveZMQ keypair for a worker beyond loopback, or for a client.")

@@ -91,6 +91,8 @@ WORKER_DEFAULTS = {
     "threads": 0,
     # GPUs the worker drives: all | indices such as 0,1 (each runs `threads` calls at once); None: the first one
     "gpus": None,
+    # several GPUs: a worker process for each, behind one address (True), or all of them in one process
+    "gpu_processes": True,
     # folders where clients' shared-memory pools may be found (besides /dev/shm and the temp folder)
     "pool_dirs": (),
     # CurveZMQ secret key file (owner-only): encrypts all traffic

@@ -154,12 +154,15 @@ def test_out_of_memory_and_a_success_between_errors_do_not_make_a_gpu_unusable()
 
 @CPU_ONLY
 def test_by_default_each_of_several_gpus_runs_more_calls_at_once_than_one_gpu(tmp_path, worker):
-    """threads=0 (the default): 4 calls at once on one GPU, 8 on each GPU of a worker that drives several."""
+    """threads=0 (the default): 4 calls at once on one GPU, 8 on each GPU of a worker that drives several, from
+    one process or from a process each."""
     with own_worker(tmp_path / "one", worker):
         assert sklearn_gpu_bridge.get_connection().status()["threads"] == 4
-    with own_worker(tmp_path / "two", worker, gpus="0,1"):
+    with own_worker(tmp_path / "front", worker, gpus="0,1"):
         assert sklearn_gpu_bridge.get_connection().status()["threads"] == 16
-    with own_worker(tmp_path / "set", worker, gpus="0,1", threads=3):
+    with own_worker(tmp_path / "two", worker, gpus="0,1", gpu_processes=False):
+        assert sklearn_gpu_bridge.get_connection().status()["threads"] == 16
+    with own_worker(tmp_path / "set", worker, gpus="0,1", threads=3, gpu_processes=False):
         assert sklearn_gpu_bridge.get_connection().status()["threads"] == 6
 
 
@@ -171,7 +174,7 @@ def test_a_negative_number_of_threads_is_refused_before_the_backend_warms_up():
 @CPU_ONLY
 def test_a_fit_goes_to_the_idle_gpu_and_the_model_s_calls_follow_it(tmp_path, worker):
     X, y = _data()
-    with own_worker(tmp_path, worker, gpus="0,1", threads=1):
+    with own_worker(tmp_path, worker, gpus="0,1", threads=1, gpu_processes=False):
         connection = sklearn_gpu_bridge.get_connection()
         assert connection.status()["threads"] == 2  # threads per GPU
         slow = _SlowFit(connection)
@@ -195,7 +198,7 @@ def test_a_kmeans_runs_on_the_first_gpu_even_while_another_is_idle(tmp_path, wor
     which loses that GPU): its fit waits for the worker's first GPU, and its model's calls run there; other
     fits still go where the least work is."""
     X, y = _data()
-    with own_worker(tmp_path, worker, gpus="0,1", threads=1):
+    with own_worker(tmp_path, worker, gpus="0,1", threads=1, gpu_processes=False):
         connection = sklearn_gpu_bridge.get_connection()
         slow = _SlowFit(connection)
         assert slow.gpu == 0
@@ -213,7 +216,7 @@ def test_a_key_holders_fit_naming_an_estimator_oddly_leaves_a_worker_of_several_
     """Placement reads the request's estimator name before anything checks it: a list, a dict or a number there
     (a key holder may send any) gets an error, and the worker and its GPUs carry on."""
     X, y = _data()
-    with own_worker(tmp_path, worker, gpus="0,1", threads=1) as process:
+    with own_worker(tmp_path, worker, gpus="0,1", threads=1, gpu_processes=False) as process:
         hostile = RawClient(process)
         try:
             reply, _ = hostile.request(hostile.header("fit", estimator=name, method="fit", params={},
@@ -229,7 +232,7 @@ def test_a_key_holders_fit_naming_an_estimator_oddly_leaves_a_worker_of_several_
 def test_a_model_pushed_from_a_pickle_goes_to_the_least_loaded_gpu(tmp_path, worker):
     X, y = _data()
     fitted = pickle.dumps(GPUSVC(C=2.0).fit(X, y))  # on the session's worker
-    with own_worker(tmp_path, worker, gpus="0,1", threads=1):
+    with own_worker(tmp_path, worker, gpus="0,1", threads=1, gpu_processes=False):
         connection = sklearn_gpu_bridge.get_connection()
         slow = _SlowFit(connection)
         model = pickle.loads(fitted)
@@ -245,7 +248,7 @@ def test_one_gpu_failing_fails_its_requests_alone_and_is_given_up(tmp_path, work
     X, y = _data()
     fitted = pickle.dumps(GPUStandardScaler().fit(X))  # on the session's worker
     monkeypatch.setenv(SIMULATED_GPU_FAILS, "0")
-    with own_worker(tmp_path, worker, gpus="0,1", threads=1) as process:
+    with own_worker(tmp_path, worker, gpus="0,1", threads=1, gpu_processes=False) as process:
         connection = sklearn_gpu_bridge.get_connection()
         model = pickle.loads(fitted)
         with pytest.raises(RuntimeError, match=r"cudaErrorIllegalAddress.*a CUDA error on GPU 0; its other GPUs"):
@@ -272,7 +275,7 @@ def test_one_gpu_failing_fails_its_requests_alone_and_is_given_up(tmp_path, work
 def test_each_gpu_has_its_own_memory_budget_and_the_status_shows_each(tmp_path, worker, monkeypatch):
     X, y = _data(n=2000, features=20)  # 320 kB: 4 x 320 kB charged, more than a budget, alone on a GPU it runs
     monkeypatch.setenv(SIMULATED_GPU_MEMORY, str(1 << 20))
-    with own_worker(tmp_path, worker, gpus="0,1,2", threads=1) as process:
+    with own_worker(tmp_path, worker, gpus="0,1,2", threads=1, gpu_processes=False) as process:
         connection = sklearn_gpu_bridge.get_connection()
         svc = GPUSVC().fit(X, y)
         _idle(connection)  # what a request was admitted with is given back just after its reply
@@ -290,7 +293,7 @@ def test_a_search_in_threads_over_several_gpus_gives_scikit_learns_answer(tmp_pa
     X, y = _data(n=150)
     grid = {"m__C": [0.5, 1.0, 4.0], "m__gamma": ["scale", 0.1]}
     expected = GridSearchCV(Pipeline([("s", StandardScaler()), ("m", SVC())]), grid, cv=3).fit(X, y)
-    with own_worker(tmp_path, worker, gpus="0,1", threads=2):
+    with own_worker(tmp_path, worker, gpus="0,1", threads=2, gpu_processes=False):
         connection = sklearn_gpu_bridge.get_connection()
         pipe = Pipeline([("s", GPUStandardScaler()), ("m", GPUSVC())])
         search = GridSearchCV(pipe, grid, cv=3, n_jobs=4).fit(X, y)

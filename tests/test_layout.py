@@ -202,7 +202,8 @@ def test_one_table_of_defaults():
     for name in ("heartbeat_timeout", "array_cache", "cache_min_bytes", "pool"):
         assert connection[name].default == DEFAULTS[name], name
     worker = inspect.signature(Worker).parameters
-    for name in set(WORKER_DEFAULTS) - {"backend", "device_memory", "log_level"}:  # the backend's, the log's
+    # the backend's, the log's, and the command's choice of a process per GPU
+    for name in set(WORKER_DEFAULTS) - {"backend", "device_memory", "log_level", "gpu_processes"}:
         assert worker[name].default == WORKER_DEFAULTS[name], name
 
 

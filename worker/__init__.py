@@ -5,6 +5,7 @@ nothing on the client side imports it at module level.
 """
 
 from .backends import CumlBackend, SklearnBackend, make_backend
-from .server import Worker, check_settings
+from .listener import check_settings
+from .server import Worker
 
 __all__ = ["CumlBackend", "SklearnBackend", "Worker", "check_settings", "make_backend"]

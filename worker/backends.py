@@ -249,6 +249,11 @@ class Backend:
         """Make the GPUs ``indices`` ready to serve requests; their memory budgets (:meth:`memory_budget`)."""
         return [self.memory_budget() for _ in indices]
 
+    def serve_as(self, index):
+        """The memory budget of this process's one GPU, which a front names ``index`` (CUDA_VISIBLE_DEVICES shows
+        this process that GPU alone)."""
+        return self.memory_budget()
+
     def on_device(self, index):
         """The context that makes GPU ``index`` current on this thread: a request on it runs inside."""
         return contextlib.nullcontext()
@@ -273,6 +278,7 @@ FIRST_DEVICE_ONLY = frozenset({"KMeans", "SpectralClustering"})
 class SklearnBackend(Backend):
     name = "sklearn"
     _failing = None  # the simulated GPU that fails (SIMULATED_GPU_FAILS)
+    _label = None  # the simulated GPU of a process behind a front (serve_as)
     first_device_only = FIRST_DEVICE_ONLY  # simulated GPUs place work as cuML's would be placed
 
     def estimator_class(self, name):
@@ -291,6 +297,12 @@ class SklearnBackend(Backend):
         self._current = threading.local()
         return [int(budget) if budget else self.memory_budget() for _ in indices]
 
+    def serve_as(self, index):
+        """Simulated GPU ``index`` alone, as :meth:`open_devices` simulates it, current on every thread."""
+        budget = self.open_devices([index])[0]
+        self._label = index
+        return budget
+
     @contextlib.contextmanager
     def on_device(self, index):
         before = getattr(self._current, "index", None)
@@ -301,7 +313,7 @@ class SklearnBackend(Backend):
             self._current.index = before
 
     def output_context(self, method):
-        if self._failing is not None and getattr(self._current, "index", None) == self._failing:
+        if self._failing is not None and getattr(self._current, "index", self._label) == self._failing:
             raise RuntimeError(f"CUDA error encountered: cudaErrorIllegalAddress: an illegal memory access was "
                                f"encountered (simulated: {SIMULATED_GPU_FAILS}={self._failing})")
         return super().output_context(method)

@@ -139,17 +139,36 @@ class Clients:
             attachment.close()
             log.warning("client %s: wrong pool nonce (a pool that is not its own?); arrays go as frames", client)
             return False, False
-        started = process_start(pid)
-        proven = attachment.kind == "memfd" and attachment.pid == pid or attachment.maps_handshake(pid)
+        self._keep(state, attachment, pid)
+        return True, state.started is not None
+
+    def adopt(self, client, described, pid):
+        """Attach the pool of ``client`` that its front already proved (:mod:`.front`); watch ``pid`` where the pool
+        proves it here too. True if attached."""
+        state = self.seen(client, working=False) if isinstance(client, str) else None
+        if state is None:
+            raise ProtocolError("adopt: a client id is needed")
+        try:
+            attachment = PoolAttachment(described, self.pool_dirs, pinning=self.pinning)
+        except PoolError as exc:
+            log.warning("client %s: its front attached a pool that this process cannot: %s", client, exc)
+            return False
+        self._keep(state, attachment, pid if type(pid) is int else None)
+        return True
+
+    def _keep(self, state, attachment, pid):
+        """The client of ``state`` has attached ``attachment``; its pid is watched where the pool proves it."""
+        started = process_start(pid) if pid is not None else None
+        proven = pid is not None and (attachment.kind == "memfd" and attachment.pid == pid
+                                      or attachment.maps_handshake(pid))
         with self._lock:
             old = self.pools.get(attachment.name)
             self.pools[attachment.name] = attachment
             state.pool = attachment.name
             if started is not None and proven:
                 state.pid, state.started = pid, started
-        if old is not None:
+        if old is not None and old is not attachment:
             old.close()
-        return True, state.started is not None
 
     def attachment(self, client, name):
         """The pool a request names, which must be the one its client attached (None: no pool)."""

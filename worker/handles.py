@@ -10,6 +10,10 @@ Each handle also remembers the GPU its model lives on (``device``: its index,
 None where the worker drives the process's one device as it is), so that the
 requests that read it run there, and the model is freed with that device
 current.
+
+Behind a front (:mod:`.front`), a worker process serves one GPU, and its handles carry that GPU's index in their
+low :data:`TAG_BITS` bits (``tag``): the front sends a request that reads a model to the process that made it
+without keeping a table of its own.
 """
 
 import logging
@@ -20,6 +24,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 log = logging.getLogger(__name__)
+TAG_BITS = 6  # a handle's low bits that name the GPU of its process, behind a front: GPUs 0 to 63
+
+
+def tag_of(handle):
+    """The GPU index a tagged handle names (any int: the front routes what it cannot trust yet)."""
+    return handle & ((1 << TAG_BITS) - 1)
 
 
 @dataclass
@@ -35,19 +45,28 @@ class HandleTable:
     """handle (int) -> Entry, safe to use from the server and executor threads.
 
     ``on_device(index)``: the context that makes a GPU current, under which :meth:`drop` frees a model of that
-    GPU (None: models are freed wherever their last reference goes).
+    GPU (None: models are freed wherever their last reference goes). ``tag``: the GPU index each handle carries
+    (:data:`TAG_BITS`), behind a front; None: none.
     """
 
-    def __init__(self, on_device=None):
+    def __init__(self, on_device=None, tag=None):
+        if tag is not None and not 0 <= tag < 1 << TAG_BITS:
+            raise ValueError(f"a handle tag is a GPU index from 0 to {(1 << TAG_BITS) - 1}, not {tag!r}")
         self._entries = {}
         self._lock = threading.Lock()
         self._on_device = on_device
+        self._tag = tag
+
+    def _new_handle(self):
+        if self._tag is None:
+            return secrets.randbits(63)
+        return secrets.randbits(63 - TAG_BITS) << TAG_BITS | self._tag
 
     def add(self, estimator, name, client, device=None):
         with self._lock:
-            handle = secrets.randbits(63)
+            handle = self._new_handle()
             while handle in self._entries:
-                handle = secrets.randbits(63)
+                handle = self._new_handle()
             self._entries[handle] = Entry(estimator, name, client, device)
             return handle
 

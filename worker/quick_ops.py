@@ -10,7 +10,7 @@ import os
 import time
 from collections import Counter
 
-from sklearn_gpu_bridge.errors import VersionMismatch
+from sklearn_gpu_bridge.errors import ProtocolError, VersionMismatch
 from sklearn_gpu_bridge.protocol import PROTOCOL_VERSION, Capabilities
 
 
@@ -105,6 +105,12 @@ class QuickOps:
         except Exception:  # noqa: BLE001 - informative only
             return None
 
+    def _adopt(self, header):
+        """Attach the pool a client proved its own to the front this process serves behind (:mod:`.front`)."""
+        if self.front is None:
+            raise ProtocolError("adopt: this worker serves behind no front")
+        return {"pool": self.clients.adopt(header.get("client"), header.get("pool"), header.get("pid"))}
+
     def _release(self, header):
         return {}  # the handles were released by _handle
 
@@ -120,4 +126,4 @@ class QuickOps:
 
     #: op name -> quick op, answered by the reading thread itself; the work ops are :data:`.dispatch.WORK`
     QUICK = {"hello": _hello, "attach": _attach, "ping": _ping, "status": _status, "release": _release,
-             "goodbye": _goodbye, "shutdown": _shutdown}
+             "goodbye": _goodbye, "shutdown": _shutdown, "adopt": _adopt}

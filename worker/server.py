@@ -18,48 +18,32 @@ also send requests and read replies through their own pool (:mod:`.fastpath`).
 A worker drives one GPU, or each of several (``gpus``, :mod:`.devices`): the
 queue places each request on one, and the thread that runs it makes that GPU
 current (``backend.on_device``) for the whole request, from decoding its
-input to freeing what it released.
+input to freeing what it released. By default the command serves several GPUs
+from a process each instead (:mod:`.front`): each of those is a Worker of one
+GPU behind the front (``front``).
 
-What reaches the reading thread at all is decided first: a peer without the
-credentials of the address (:mod:`sklearn_gpu_bridge.runtime.keys`) is refused
-during ZeroMQ's handshake (:mod:`.gatekeeper`); a frame longer than the
-socket's largest closes the connection (on TCP, where peers without the key
-connect, 1 MiB: what one handshake may make the worker hold, and a bounded
-number of handshakes are in flight at once); a message of too many frames is
-dropped as it is read. A message that fails its signature, or is malformed in
+What reaches the reading thread at all is decided first, as for every
+:class:`~.listener.Listener` (the address's gate); a message of too many frames
+is dropped as it is read. A message that fails its signature, or is malformed in
 any way, is dropped and counted; it never reaches pickle and never stops the
 loop.
 """
 
 import contextlib
-import ipaddress
 import logging
 import os
 import select
-import signal
 import tempfile
 import threading
 import time
 from collections import Counter
-from pathlib import Path
 
 import zmq
 
 from sklearn_gpu_bridge.config import WORKER_DEFAULTS
 from sklearn_gpu_bridge.errors import ConfigurationError, ProtocolError, describe
-from sklearn_gpu_bridge.protocol import PROTOCOL_VERSION, Session, new_id, to_plain
+from sklearn_gpu_bridge.protocol import new_id, to_plain
 from sklearn_gpu_bridge.protocol.session import MAX_FRAMES, Duplicate, StaleMessage, message_waits
-from sklearn_gpu_bridge.runtime.connection_file import (
-    ConnectionInfo,
-    new_key,
-    prepare_folder_of,
-    read_key_file,
-    signing_key,
-    start_lock_path,
-    write_connection_file,
-)
-from sklearn_gpu_bridge.runtime.keys import bind_hint, derived_client_pair, load_public, load_secret, plain_password
-from sklearn_gpu_bridge.runtime.private_files import ExclusiveLock, pid_alive, socket_path
 from sklearn_gpu_bridge.shm import default_directory
 from sklearn_gpu_bridge.version import __version__
 
@@ -69,9 +53,9 @@ from .clients import Clients
 from .devices import Devices, device_failure, parse_gpus
 from .dispatch import WORK, Operations
 from .fastpath import FastPath, open_doorbell
-from .gatekeeper import DOMAIN, Gatekeeper, Handshakes
 from .handles import HandleTable
 from .landing import LandingBuffers, keep_frames_in_heap
+from .listener import HWM, Listener, read_message
 from .quick_ops import QuickOps
 from .scheduler import FairQueue
 from .wire import FramesRequest, input_bytes, memory_note
@@ -81,74 +65,19 @@ log = logging.getLogger("sklearn_gpu_bridge.worker")
 #: device memory a request may need, as a multiple of its input: admission waits while it does not fit
 DEVICE_MEMORY_FACTOR = 4
 SWEEP_SECONDS = 1.0
-HWM = 16  # messages queued per peer socket, each way (an honest client has one request in flight per socket)
-HANDSHAKE_SECONDS = 5  # a connection that has not authenticated by then is closed
-#: the largest frame on TCP, where peers without the key may connect: what ZeroMQ buffers of one handshake, at most
-#: (clients split longer arrays and blobs into frames of this size; max_frame_mb may only lower it)
-TCP_FRAME_BYTES = 1 << 20
-FRAME_ENVELOPE = 256  # bytes a frame may exceed max_frame_bytes by on the wire: CurveZMQ's box around a message
-HANDSHAKES = 32  # TCP connections in handshake at once, at most: beyond it the oldest are closed (gatekeeper)
 TRACK_REPLIES_FROM = 64 << 10  # bytes: a reply this large is followed until ZeroMQ lets it go (clients.ready)
 MAX_READ_IN_TURN = 64  # messages the reading thread reads before it looks at its clock (sweeps)
-MAX_WATCH_MS = 60_000.0  # a longer watch of a request slot is refused (see config.WORKER_DEFAULTS["watch_ms"])
 
 
-def is_loopback(host):
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def check_settings(*, bind=WORKER_DEFAULTS["bind"], key=None, key_file=None, curve_secret_key=None,
-                   curve_allow=None, watch_ms=WORKER_DEFAULTS["watch_ms"], threads=WORKER_DEFAULTS["threads"]):
-    """(hex key, CurveZMQ keys or None, allowed client keys), or ConfigurationError saying what to change.
-
-    Called before the backend warms up, so that a refusal comes at once.
-    """
-    if not 0 <= float(watch_ms) <= MAX_WATCH_MS:  # NaN too: a watch that never ends keeps a core busy
-        raise ConfigurationError(f"watch_ms must be a number of milliseconds from 0 to {MAX_WATCH_MS:g}, "
-                                 f"not {watch_ms!r}")
-    if int(threads) < 0:
-        raise ConfigurationError(f"threads must be 0 (4 calls at once on one GPU, 8 on each of several) or more, "
-                                 f"not {threads!r}")
-    if key_file is not None:
-        key = read_key_file(key_file)
-    key = new_key() if key is None else signing_key(key, "the --key-file").hex()
-    curve = load_secret(curve_secret_key) if curve_secret_key else None
-    if curve is None and bind != "ipc" and not is_loopback(bind):
-        raise ConfigurationError(bind_hint(bind))
-    allowed = {derived_client_pair(bytes.fromhex(key))[0]}
-    if curve_allow is not None:
-        folder = Path(curve_allow)
-        if not folder.is_dir():
-            raise ConfigurationError(f"--curve-allow {folder}: not a folder of public keys")
-        allowed |= {load_public(path) for path in sorted(folder.glob("*.key"))}
-    return key, curve, allowed
-
-
-def calls_per_device(threads, devices):
+def calls_per_device(threads, several):
     """Estimator calls run at once on each GPU: ``threads``, or where it is 0, 4 on one GPU and 8 on each of
-    several. Each call also runs Python (cuML's input checks, the reply), and the calls of all GPUs share the
-    process's interpreter lock: more calls in flight keep each GPU busy (measured: docs/scale-out.md)."""
-    return int(threads) or (4 if devices == 1 else 8)
+    ``several`` (in one process, or in a process each behind a front). The client of a search over several GPUs
+    runs more of its own work at once, and a call behind a front takes one more hop: more calls in flight keep
+    each GPU busy (measured: docs/scale-out.md)."""
+    return int(threads) or (8 if several else 4)
 
 
-def raise_file_limit():
-    """Open files up to the hard limit: connections are files, and a flood of them must not starve honest ones."""
-    try:
-        import resource
-
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        if hard == resource.RLIM_INFINITY or hard > soft:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 1 << 20, hard))
-    except (ImportError, ValueError, OSError):
-        log.debug("could not raise the open-file limit", exc_info=True)
-
-
-class Worker(QuickOps, FastPath):
+class Worker(Listener, QuickOps, FastPath):
     """Serves one backend on one address until shut down; keyword arguments as :data:`config.WORKER_DEFAULTS`."""
 
     def __init__(self, backend, *, connection_file=None, parent_pid=None, fallback_reason=None, key=None,
@@ -158,28 +87,19 @@ class Worker(QuickOps, FastPath):
                  client_timeout=WORKER_DEFAULTS["client_timeout"], max_queued=WORKER_DEFAULTS["max_queued"],
                  max_frame_mb=WORKER_DEFAULTS["max_frame_mb"], array_cache_mb=WORKER_DEFAULTS["array_cache_mb"],
                  watch_ms=WORKER_DEFAULTS["watch_ms"], idle_exit=WORKER_DEFAULTS["idle_exit"],
-                 gpus=WORKER_DEFAULTS["gpus"]):
-        self.key, self.curve, self.curve_allowed = check_settings(
-            bind=bind, key=key, key_file=key_file, curve_secret_key=curve_secret_key, curve_allow=curve_allow,
-            watch_ms=watch_ms, threads=threads)
+                 gpus=WORKER_DEFAULTS["gpus"], front=None):
+        self.front = None if front is None else parse_front(front)  # (the front's run id, this process's GPU)
+        self._listen(connection_file=connection_file, parent_pid=parent_pid, key=key, bind=bind, port=port,
+                     key_file=key_file, curve_secret_key=curve_secret_key, curve_allow=curve_allow,
+                     watch_ms=watch_ms, threads=threads, max_frame_mb=max_frame_mb, idle_exit=idle_exit,
+                     worker_id=self.front and self.front[0])
         self.backend = backend
         self.versions = {"sklearn-gpu-bridge": __version__, **backend.versions()}  # asked once
         self.fallback_reason = fallback_reason
-        self.host, self.port = bind, port
-        self.connection_file = connection_file
-        self.parent_pid = parent_pid
-        self.idle_exit = float(idle_exit or 0)
-        self.last_message = time.monotonic()
-        self.worker_id = new_id()
-        self.session = Session(bytes.fromhex(self.key), me=self.worker_id)
-        self.max_frame_bytes = int(max_frame_mb * (1 << 20))
-        if bind != "ipc":  # peers without the key reach TCP: what a handshake may hold stays small
-            self.max_frame_bytes = min(self.max_frame_bytes, TCP_FRAME_BYTES)
-        if connection_file:  # refused now, before the backend warms up, if others may write where it goes
-            prepare_folder_of(connection_file)
         self.watch_ms = float(watch_ms)
-        self.devices = open_devices(backend, gpus)
-        self.handles = HandleTable(on_device=backend.on_device if self.devices.driven else None)
+        self.devices = open_devices(backend, gpus, label=self.front and self.front[1])
+        self.handles = HandleTable(on_device=backend.on_device if self.devices.driven else None,
+                                   tag=self.front and self.front[1])
         self.operations = Operations(backend, self.handles)
         cache_bytes = int(array_cache_mb * (1 << 20))
         self.array_cache = ArrayCache(cache_bytes) if cache_bytes > 0 else None
@@ -188,27 +108,18 @@ class Worker(QuickOps, FastPath):
         self.landing = LandingBuffers(pinning=self.pinning)
         self.clients = Clients(self.handles, self.array_cache, pool_dirs, float(client_timeout or 0),
                                on_free=self._cancel, pinning=self.pinning)
-        several = len(self.devices) > 1
-        self.queue = FairQueue(self._work, threads=calls_per_device(threads, len(self.devices)) * len(self.devices),
+        self.several = len(self.devices) > 1 or self.front is not None  # this process's GPUs, or its front's
+        self.queue = FairQueue(self._work, threads=calls_per_device(threads, self.several) * len(self.devices),
                                max_queued=max_queued,
                                cost=lambda item: DEVICE_MEMORY_FACTOR * self._carried_bytes(item),
-                               devices=self.devices, affinity=self._affinity if several else None,
+                               devices=self.devices, affinity=self._affinity if len(self.devices) > 1 else None,
                                after=self._follow, may_start=self.clients.ready)
         self.counts = Counter()
-        self.refused = Counter()  # messages dropped before their signature: too many frames
-        self._dropped_logged_at, self._dropped_unlogged = -1e9, 0
-        self.started = time.time()
         self._local = threading.local()
         self.wakeup = None  # inproc PULL socket: wakes the thread that reads (_lead) from its poll
         self._init_fast_path()
         self._router_lock = threading.RLock()  # whoever uses the ROUTER socket holds it (the reader, the others)
-        self._stopping = threading.Event()
         self._close_lock, self._closed = threading.Lock(), False
-        self.context = zmq.Context()
-        self.gatekeeper = None
-        self.handshakes = None
-        self.address = None
-        self.curve_public = None
 
     # ------------------------------------------------------------ lifecycle
 
@@ -217,61 +128,17 @@ class Worker(QuickOps, FastPath):
         for device in self.devices:
             with self._on(device):
                 self.backend.warm_up(first=device is self.devices.all[0])
-        raise_file_limit()
         self.landing.heap_kept = keep_frames_in_heap()
-        self.router = self.context.socket(zmq.ROUTER)
-        self.router.linger = 0
-        self.router.router_handover = 1  # a client link connected again keeps its name (client._Link)
-        self.router.maxmsgsize = self.max_frame_bytes + FRAME_ENVELOPE
-        self.router.sndhwm = self.router.rcvhwm = HWM
-        self.router.handshake_ivl = HANDSHAKE_SECONDS * 1000
-        self._bind()
+        self._open_router(hwm=0 if self.front else HWM)  # behind a front: one peer carries every client's messages
         # the socket's descriptor is edge-triggered: after each use of the socket, its EVENTS must be read
         # again, since the use may have taken the descriptor's signal. A thread that sends a reply and then
         # finds a message waiting wakes the reading thread through this inproc socket.
         self.wakeup = self.context.socket(zmq.PULL)
         self.wakeup.bind(f"inproc://wakeup-{self.worker_id}")
-        self.doorbell = open_doorbell(self.socket_path) if self.socket_path is not None else None
-        self.info = ConnectionInfo(
-            address=self.address, key=self.key, protocol_version=PROTOCOL_VERSION, pid=os.getpid(),
-            backend=self.backend.name, worker_id=self.worker_id, curve_server_key=self.curve_public,
-        )
-        if self.connection_file:
-            write_connection_file(self.connection_file, self.info)
-        log.info("worker ready on %s (backend %s, pid %d)", self.address, self.backend.name, os.getpid())
+        self.doorbell = (open_doorbell(self.socket_path)  # behind a front, requests come through it alone
+                         if self.socket_path is not None and self.front is None else None)
+        self._announce(self.backend.name, os.getpid())
         return self
-
-    def _bind(self):
-        """ipc in this user's private folder; TCP behind PLAIN (loopback) or CurveZMQ with an allow-list."""
-        if self.host == "ipc":
-            self.socket_path = socket_path(f"worker-{self.worker_id[:16]}.sock")
-            self.address = f"ipc://{self.socket_path}"
-            self.router.bind(self.address)
-            return
-        self.socket_path = None
-        self.gatekeeper = Gatekeeper(self.context, password=plain_password(bytes.fromhex(self.key), self.worker_id),
-                                     curve_keys=self.curve_allowed if self.curve is not None else ()).start()
-        if self.curve is not None:
-            public, secret = self.curve
-            self.router.curve_server = True
-            self.router.curve_publickey = public
-            self.router.curve_secretkey = secret
-            self.curve_public = public.decode()
-            log.info("binding %s: CurveZMQ encryption, %d client key(s) allowed", self.host, len(self.curve_allowed))
-        else:
-            self.router.plain_server = True
-        self.router.zap_domain = DOMAIN.encode()
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        if Handshakes.available():  # before bind: no connection is accepted unseen
-            self.handshakes = Handshakes(self.router, "plain" if self.curve is None else "curve",
-                                         limit=HANDSHAKES, seconds=HANDSHAKE_SECONDS)
-        if self.port:
-            self.router.bind(f"tcp://{host}:{self.port}")
-        else:
-            self.port = self.router.bind_to_random_port(f"tcp://{host}")
-        self.address = f"tcp://{host}:{self.port}"
-        if self.handshakes is not None:
-            self.handshakes.start()
 
     def serve_forever(self):
         """Serve until SIGINT/SIGTERM, a shutdown request, the parent's death, or ``idle_exit`` seconds
@@ -280,9 +147,6 @@ class Worker(QuickOps, FastPath):
         The executor threads take turns reading the socket (:meth:`_lead`, see :mod:`.scheduler`); this
         thread watches the parent and the idle time.
         """
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                signal.signal(sig, lambda *_: self._stopping.set())
         self._poller = zmq.Poller()
         self._poller.register(self.router.getsockopt(zmq.FD), zmq.POLLIN)
         self._poller.register(self.wakeup, zmq.POLLIN)
@@ -291,38 +155,16 @@ class Worker(QuickOps, FastPath):
             self._bell_waiting = select.poll()  # the doorbell alone: _input_waiting
             self._bell_waiting.register(self.doorbell[1].fileno(), select.POLLIN)
         self._last_sweep = time.monotonic()
+        self._catch_signals()
         self.queue.lead_with(self._lead)
         try:
-            while not self._stopping.wait(SWEEP_SECONDS):
-                if self.parent_pid and not pid_alive(self.parent_pid):
-                    log.info("parent process %d is gone; stopping", self.parent_pid)
-                    break
-                if self.idle_exit and self._stopped_for_idleness():
-                    break
+            while not self._stopping.wait(SWEEP_SECONDS) and not self._should_stop():
+                pass
         finally:
             self.close()
 
-    def _idle(self):
-        return (len(self.clients) == 0 and not self.queue.busy()
-                and time.monotonic() - self.last_message > self.idle_exit)
-
-    def _stopped_for_idleness(self):
-        """After ``idle_exit`` s with no client and no message: stop, under the connection file's start lock
-        (a client holds it from finding this worker until it has connected), the file removed first."""
-        if not self._idle():
-            return False
-        if not self.connection_file:
-            log.info("no client for %.0f s; stopping", self.idle_exit)
-            return True
-        try:
-            with ExclusiveLock(start_lock_path(self.connection_file), 0, "the start lock"):
-                if not self._idle():
-                    return False  # a client came while the lock was taken
-                log.info("no client for %.0f s; stopping", self.idle_exit)
-                Path(self.connection_file).unlink(missing_ok=True)
-                return True
-        except TimeoutError:
-            return False  # a client is finding this worker: look again in a second
+    def _busy(self):
+        return len(self.clients) > 0 or self.queue.busy()
 
     def close(self):
         with self._close_lock:
@@ -333,16 +175,10 @@ class Worker(QuickOps, FastPath):
         if self.wakeup is not None:
             self._wake()  # the reading thread returns from its poll at once
         self.queue.close()  # waits (a moment) until no thread reads: the sockets are closed below
-        if self.handshakes is not None:
-            self.handshakes.stop()
-        if self.gatekeeper is not None:
-            self.gatekeeper.stop()
         self.clients.close()
         if self.doorbell is not None:
             self.doorbell[1].close()
-        for path in (self.connection_file, getattr(self, "socket_path", None), self.doorbell and self.doorbell[0]):
-            if path:
-                Path(path).unlink(missing_ok=True)
+        self._close_gates(self.doorbell and self.doorbell[0])
         with self._router_lock:  # no executor thread is inside the socket
             self.context.destroy(linger=0)
         log.info("worker stopped")
@@ -387,21 +223,9 @@ class Worker(QuickOps, FastPath):
         finally:
             self._local.leading = False
 
-    def _read_message(self):
-        """The next message's frames, read one by one; None when it has too many (the rest is dropped unread)."""
-        frames = [self.router.recv(copy=False)]
-        while frames[-1].more:
-            if len(frames) > MAX_FRAMES:
-                while self.router.getsockopt(zmq.RCVMORE):
-                    self.router.recv(copy=False)
-                self.refused["too_many_frames"] += 1
-                return None
-            frames.append(self.router.recv(copy=False))
-        return frames
-
     def _receive(self):
         """Read one message: answer it, drop it, or queue it as work (True)."""
-        frames = self._read_message()
+        frames = read_message(self.router, self.refused)
         arrived = time.monotonic()
         if frames is None:
             self._log_dropped(ProtocolError(f"a message of more than {MAX_FRAMES} frames"))
@@ -524,15 +348,6 @@ class Worker(QuickOps, FastPath):
         except zmq.Again:  # a thousand wakeups are waiting already: the reader is coming
             pass
 
-    def _log_dropped(self, exc):
-        """One warning per second at most: a flood of bad messages must not flood the log too."""
-        now = time.monotonic()
-        self._dropped_unlogged += 1
-        if now - self._dropped_logged_at >= 1.0:
-            more = self._dropped_unlogged - 1
-            log.warning("dropped a message: %s%s", exc, f" (and {more} more since the last report)" if more else "")
-            self._dropped_logged_at, self._dropped_unlogged = now, 0
-
     # ------------------------------------------------------------ running work
 
     def _work(self, item, device):
@@ -609,7 +424,7 @@ class Worker(QuickOps, FastPath):
         if isinstance(exc, MemoryError):
             reply["message"] += memory_note(header, self.backend)
             reply["args"] = (reply["message"],)
-        kind = device_failure(exc) if device is not None and len(self.devices) > 1 else None
+        kind = device_failure(exc) if device is not None and self.several else None
         if kind is not None:  # the device is named, and the request alone fails: the other devices carry on
             gave_up = device.failure(kind, exc)
             what = "out of device memory" if kind == "memory" else "a CUDA error"
@@ -618,6 +433,8 @@ class Worker(QuickOps, FastPath):
             reply["args"] = (reply["message"],)
             if gave_up:
                 log.error("%s is unusable from now on: %s", device.name, device.unusable)
+                if self.front is not None:  # its process ends: the front fails what it still had, and goes on
+                    self._stopping.set()
         try:
             return self.session.pack(reply)
         except Exception:  # noqa: BLE001 - e.g. args too odd to pickle: send the text alone
@@ -633,9 +450,21 @@ class Worker(QuickOps, FastPath):
         return handles
 
 
-def open_devices(backend, gpus):
-    """The :class:`.devices.Devices` of the ``gpus`` setting: None, the process's current device as it is; else
-    the GPUs it names, each one made ready (``backend.open_devices``)."""
+def parse_front(front):
+    """(run id, GPU index) of the ``front`` setting ``RUN_ID:INDEX``: this process serves that GPU (the only one
+    it sees) behind the front of that run (:mod:`.front`)."""
+    run_id, _, index = str(front).rpartition(":")
+    if not run_id or not index.isdigit():
+        raise ConfigurationError(f"front must be RUN_ID:GPU_INDEX, not {front!r}")
+    return run_id, int(index)
+
+
+def open_devices(backend, gpus, label=None):
+    """The :class:`.devices.Devices` of the ``gpus`` setting: None, the process's current device as it is (named
+    GPU ``label`` where given: a process behind a front); else the GPUs it names, each one made ready
+    (``backend.open_devices``)."""
+    if gpus is None and label is not None:
+        return Devices([backend.serve_as(label)], [label])
     if gpus is None:
         return Devices([backend.memory_budget()])
     indices = parse_gpus(gpus, backend.device_count())

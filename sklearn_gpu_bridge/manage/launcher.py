@@ -47,6 +47,8 @@ def worker_argv(python=None, *, connection_file, safe_path=None, parent_pid=None
         if name == "pool_dirs":
             for folder in value:
                 argv += ["--pool-dir", str(folder)]
+        elif isinstance(value, bool):  # a flag: --name or --no-name
+            argv.append(("--" if value else "--no-") + name.replace("_", "-"))
         else:
             argv += ["--" + name.replace("_", "-"), str(value)]
     return argv

@@ -64,6 +64,11 @@ OPS = {
     "release": Op("quick", request="release: [handle] (the common field)", reply="-"),
     "goodbye": Op("quick", request="-", reply="released: int (the client's handles, pool and arrays are freed)"),
     "shutdown": Op("quick", request="-", reply="- (the worker stops after replying)"),
+    "adopt": Op(
+        "quick", request="client; pool: as in hello; pid: int (from a front to the worker process of one of its "
+                         "GPUs only, once the client answered the pool's challenge; refused by any other worker)",
+        reply="pool: bool (attached)", errors="ProtocolError (not behind a front)",
+    ),
     "fit": Op(
         "work",
         request=f"estimator: catalogue name; method: fit | fit_transform | fit_predict | partial_fit; "
