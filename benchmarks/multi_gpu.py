@@ -2,25 +2,24 @@
 
 GridSearchCV(Pipeline(GPUStandardScaler, GPUSVC)), 48 candidates (C x gamma) x 3 folds, on 20000 x 20
 float64, n_jobs=-1 (threads of this process, over one connection). Two cuML workers are started at once (their
-warm-ups overlap): ``--gpus all`` and the default (one GPU). For each: the search's time, its best parameters,
+warm-ups overlap): ``--gpus all`` (a worker process per GPU behind one address, the default) and the default
+(one GPU). For each: the search's time, its best parameters,
 the requests each GPU ran (fits and the calls on their models: each fitted model's calls run where it was fitted),
 the models each holds after, and the peak device memory seen on each (the status polled every 0.1 s:
 ``memory_used``, any process's, less what was in use before the search; ``peak_in_use``, what admission charged).
 Then the two searches' results against each other.
 
-``--processes``: also what sharing one process costs the GPUs: two client processes run the whole search at
-once, against two workers of one GPU each (GPU 0 and GPU 1), then both against the ``--gpus all`` worker.
+``--one-process``: also the same search on a worker that drives every GPU from its one process
+(``--gpus all --no-gpu-processes``), whose GPUs share one interpreter lock.
 
 ``--dask``: also the Dask route (dask_cuda's LocalCUDACluster, a worker per GPU, the GPU* wrappers running cuML
 in each worker process, joblib's dask backend); it starts a cluster, so it takes longer than the 60 s above.
 
-    python benchmarks/multi_gpu.py [--processes] [--dask] [--out multi-gpu.json]   # 2 GPUs or more, cuML
+    python benchmarks/multi_gpu.py [--one-process] [--dask] [--out multi-gpu.json]   # 2 GPUs or more, cuML
 """
 
 import argparse
 import json
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -93,34 +92,6 @@ def search_on(worker, label, X, y):
     return search, elapsed, figures
 
 
-def client_search(connection_file, at):
-    """``--client``: the whole search in this process, begun at the time ``at``; prints its seconds."""
-    sgb.set_config(connection_file=connection_file, start_local_worker=False)
-    X, y = data()
-    sgb.get_connection().status()  # connected before the start
-    time.sleep(max(0.0, at - time.time()))
-    started = time.perf_counter()
-    GridSearchCV(pipeline(), GRID, cv=3, n_jobs=-1).fit(X, y)
-    print(json.dumps({"seconds": time.perf_counter() - started}))
-
-
-def searches_at_once(workers):
-    """Seconds until a client process per worker (started together) has each run the whole search there."""
-    at = time.time() + 10  # each has imported, made its data and connected by then
-    processes = [subprocess.Popen([sys.executable, __file__, "--client", str(worker.connection_file), "--at", str(at)],
-                                  stdout=subprocess.PIPE, text=True) for worker in workers]
-    try:
-        outputs = [process.communicate(timeout=300)[0] for process in processes]
-    finally:  # none left running, also when one fails or hangs
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-    if any(process.returncode for process in processes):
-        raise RuntimeError(f"a client process failed: exit codes {[process.returncode for process in processes]}")
-    return max(json.loads(output.strip().splitlines()[-1])["seconds"] for output in outputs)
-
-
 def dask_route(X, y):
     try:
         import joblib
@@ -146,15 +117,11 @@ def dask_route(X, y):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--processes", action="store_true",
-                        help="also two searches at once: on two workers of one GPU each, and on the --gpus all one")
+    parser.add_argument("--one-process", action="store_true",
+                        help="also the search on a worker that drives every GPU from one process")
     parser.add_argument("--dask", action="store_true", help="also the Dask route (slower to start)")
     parser.add_argument("--out", default=None, help="JSON file of the figures")
-    parser.add_argument("--client", default=None, help=argparse.SUPPRESS)  # a connection file: client_search
-    parser.add_argument("--at", type=float, default=0.0, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.client:
-        return client_search(args.client, args.at)
     import cupy
 
     count = cupy.cuda.runtime.getDeviceCount()
@@ -163,22 +130,21 @@ def main():
     if count < 2:
         print("note: one GPU only: the 'all' worker drives just that one")
     X, y = data()
-    with tempfile.TemporaryDirectory() as folder, ThreadPoolExecutor(2) as pool:
+    with tempfile.TemporaryDirectory() as folder, ThreadPoolExecutor(3) as pool:
         starting = time.perf_counter()
         every = pool.submit(LaunchedWorker, Path(folder) / "all", backend="cuml", gpus="all", timeout=300)
         one = pool.submit(LaunchedWorker, Path(folder) / "one", backend="cuml", timeout=300)
-        second = pool.submit(LaunchedWorker, Path(folder) / "second", backend="cuml", gpus="1", timeout=300) \
-            if args.processes else None
-        workers = [every.result(), one.result()] + ([second.result()] if second else [])
+        shared = pool.submit(LaunchedWorker, Path(folder) / "shared", backend="cuml", gpus="all", gpu_processes=False,
+                             timeout=300) if args.one_process else None
+        workers = [every.result(), one.result()] + ([shared.result()] if shared else [])
         print(f"the workers ready in {time.perf_counter() - starting:.1f} s")
         try:
             multi, t_multi, f_multi = search_on(workers[0], "worker --gpus all", X, y)
             single, t_single, f_single = search_on(workers[1], "worker, one GPU (default)", X, y)
-            if args.processes:
-                apart = searches_at_once(workers[1:])
-                shared = searches_at_once([workers[0]] * 2)
+            if args.one_process:
+                _, t_shared, f_shared = search_on(workers[2], "worker --gpus all --no-gpu-processes", X, y)
         except Exception:
-            for name, worker in zip(("--gpus all", "one GPU", "GPU 1"), workers):  # the logs go with the folder
+            for name, worker in zip(("--gpus all", "one GPU", "--gpus all --no-gpu-processes"), workers):  # the logs go with the folder
                 print(f"\n== the end of the log of the worker {name} (exit code {worker.process.poll()}):\n"
                       + "\n".join(worker.log().splitlines()[-40:]), flush=True)
             raise
@@ -191,10 +157,10 @@ def main():
     print(f"same best params: {same}; largest difference of mean test scores: {diff:.2e}")
     report = {"gpus_seen": count, "all": f_multi, "one": f_single, "speedup": t_single / t_multi,
               "same_best_params": same, "largest_score_difference": diff}
-    if args.processes:
-        print(f"\n== two searches at once, each from its own client process: {apart:.2f} s on two workers of one "
-              f"GPU each, {shared:.2f} s on the one --gpus all worker ({shared / apart:.2f}x)")
-        report["two_searches_at_once"] = {"two_workers_of_one_gpu": apart, "one_worker_all_gpus": shared}
+    if args.one_process:
+        print(f"every GPU in one process: {t_single / t_shared:.2f}x over one GPU ({t_shared:.2f} s); "
+              f"a process per GPU is {t_shared / t_multi:.2f}x faster")
+        report["one_process"] = f_shared
     if args.dask:
         result = dask_route(X, y)
         if result is not None:
