@@ -65,12 +65,12 @@ class _SlowFit(threading.Thread):
             self.error = exc
 
 
-@pytest.mark.parametrize("transport", ["pool", "frames"])
-def test_a_search_spreads_over_a_process_per_gpu_and_gives_scikit_learns_answer(tmp_path, worker, transport):
+@pytest.mark.parametrize("transport, bind", [("pool", "ipc"), ("frames", "127.0.0.1")])
+def test_a_search_spreads_over_a_process_per_gpu_and_gives_scikit_learns_answer(tmp_path, worker, transport, bind):
     X, y = _data(n=150)
     grid = {"m__C": [0.5, 1.0, 4.0], "m__gamma": ["scale", 0.1]}
     expected = GridSearchCV(Pipeline([("s", StandardScaler()), ("m", SVC())]), grid, cv=3).fit(X, y)
-    with own_worker(tmp_path, worker, gpus="0,1", threads=2) as front:
+    with own_worker(tmp_path, worker, gpus="0,1", threads=2, bind=bind) as front:
         with sklearn_gpu_bridge.config_context(transport=transport):
             connection = sklearn_gpu_bridge.get_connection()
             pipe = Pipeline([("s", GPUStandardScaler()), ("m", GPUSVC())])
@@ -86,6 +86,7 @@ def test_a_search_spreads_over_a_process_per_gpu_and_gives_scikit_learns_answer(
         assert sum(gpu["requests"] for gpu in gpus.values()) == work and reply["queued"] == 0
         assert reply["threads"] == 4  # 2 calls at once on each
         assert "[GPU 0]" in front.log() and "[GPU 1]" in front.log()  # one log, each line says whose
+        assert front.info.address.startswith("tcp://" if bind != "ipc" else "ipc://")
 
 
 def test_a_fit_goes_to_the_idle_gpu_and_the_model_s_calls_follow_it(tmp_path, worker):
