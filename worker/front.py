@@ -150,13 +150,13 @@ class Front(Listener):
             for child in self.children:
                 self._connect(child, self._ready(child))
             self.capabilities = self._first_hello()
-        except BaseException:
+            self._open_router()
+            self._announce(self.capabilities.backend, os.getpid())
+        except BaseException:  # the children too: none outlives a front that could not start
             self.close()
             raise
         finally:
             key_file.unlink(missing_ok=True)
-        self._open_router()
-        self._announce(self.capabilities.backend, os.getpid())
         log.info("serving GPUs %s, a worker process each (pids %s)", ",".join(map(str, self.gpus)),
                  ", ".join(str(child.process.pid) for child in self.children))
         return self
