@@ -110,6 +110,8 @@ _device_memory_option = click.option(
 def worker(backend: str, device_memory: str, connection_file: str, parent_pid: int | None, log_level: str,
            gpu_processes: bool, front: str | None, **settings: Any) -> None:
     """Run a worker in this process until SIGINT, SIGTERM or a shutdown request."""
+    import zmq
+
     from .errors import ConfigurationError, WorkerUnavailable
     from .worker import Worker, check_settings, make_backend
     from .worker.front import Front, processes_for
@@ -136,7 +138,7 @@ def worker(backend: str, device_memory: str, connection_file: str, parent_pid: i
             server = Worker(chosen, connection_file=connection_file, parent_pid=parent_pid, fallback_reason=reason,
                             front=front, **settings)
         server.start()
-    except (ConfigurationError, OSError, WorkerUnavailable) as exc:
+    except (ConfigurationError, OSError, WorkerUnavailable, zmq.ZMQError) as exc:  # e.g. a port in use
         raise click.ClickException(str(exc)) from None
     server.serve_forever()
 

@@ -9,8 +9,12 @@ processes, over ZeroMQ.
 import gc
 import os
 import signal
+import socket
+import subprocess
+import sys
 import threading
 from contextlib import nullcontext
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -164,6 +168,35 @@ def test_the_front_and_its_processes_end_together(tmp_path, worker):
         front.process.kill()  # no clean stop: each GPU's process sees its parent gone
         front.process.wait()
         assert wait_until(lambda: not any(pid_alive(pid) for pid in pids), 15)
+
+
+def _started_by(pid):
+    """The pids of the live processes started with ``--parent-pid pid`` (a front's, for its GPUs)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"--parent-pid" in argv and argv[argv.index(b"--parent-pid") + 1:][:1] == [str(pid).encode()]:
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads the processes' command lines in /proc")
+def test_a_front_that_cannot_start_leaves_no_process_behind(tmp_path):
+    with socket.socket() as taken:  # the port the front is told to bind is taken
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        front = subprocess.Popen([sys.executable, "-m", "sklearn_gpu_bridge.worker", "--backend", "sklearn",
+                                  "--gpus", "0,1", "--bind", "127.0.0.1", "--port", str(port),
+                                  "--connection-file", str(tmp_path / "w.json")],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=tmp_path)
+        _, err = front.communicate(timeout=120)
+    assert front.returncode == 1 and b"Error: Address already in use" in err and b"Traceback" not in err
+    assert _started_by(front.pid) == []  # stopped before the front ended, not a second later by themselves
+    assert not (tmp_path / "w.json").exists()
 
 
 # ---------------------------------------------------------------- a key holder against the front

@@ -112,7 +112,8 @@ class Handshakes(threading.Thread):
 
     def stop(self):
         self._stopping.set()
-        self.join(timeout=5)
+        if self.is_alive():  # never started where the bind failed
+            self.join(timeout=5)
 
     def run(self):
         try:
