@@ -24,7 +24,7 @@ from sklearn.preprocessing import StandardScaler
 from sklearn.svm import SVC
 
 import sklearn_gpu_bridge
-from sklearn_gpu_bridge import GPUSVC, GPUTSNE, GPUStandardScaler
+from sklearn_gpu_bridge import GPUSVC, GPUTSNE, GPURandomForestClassifier, GPUStandardScaler
 from sklearn_gpu_bridge.runtime.private_files import pid_alive
 from sklearn_gpu_bridge.worker.backends import SIMULATED_GPU_FAILS
 from sklearn_gpu_bridge.worker.devices import ERRORS_TO_GIVE_UP
@@ -128,6 +128,35 @@ def test_a_model_released_is_freed_on_its_own_gpu(tmp_path, worker):
         sklearn_gpu_bridge.reset_connection()  # goodbye: every GPU frees what this client left
         assert wait_until(lambda: sum(g["handles"] for g in _gpus(sklearn_gpu_bridge.get_connection()).values()) == 0,
                           10)
+
+
+def test_a_call_for_one_gpu_is_never_taken_up_by_another(tmp_path, worker):
+    """A client on this host that spins for its replies writes each request into a slot of its pool as well, where
+    a worker of one GPU may look for it once it has replied to that client's thread. Behind a front, the GPU that
+    answered the last call need not be the one of the next call: it must leave the slot alone. Here the GPU that
+    answered is kept busy past its reply (it frees a large forest that the call released), so that the next
+    call, for the other GPU, is in the slot by the time it could look."""
+    X, y = _data()
+    big, labels = _data(n=5000)
+    with own_worker(tmp_path, worker, gpus="0,1", threads=1), sklearn_gpu_bridge.config_context(reply_wait="spin"):
+        connection = sklearn_gpu_bridge.get_connection()
+        slow = _SlowFit()
+        _running_on(connection)
+        scalers = {}
+        for _ in range(50):  # one model on each GPU (a fit goes where the fewest requests are in flight)
+            scaler = GPUStandardScaler().fit(X)
+            scalers.setdefault(tag_of(scaler._remote.handle), scaler)
+            if len(scalers) == 2:
+                break
+        slow.join(120)
+        assert slow.error is None and sorted(scalers) == [0, 1]  # a GPU taking calls from the slot keeps them all
+        expected = StandardScaler().fit(X).transform(X)
+        for _ in range(5):
+            forest = GPURandomForestClassifier(n_estimators=200, random_state=0).fit(big, labels)
+            gpu = tag_of(forest._remote.handle)
+            del forest  # released with the next call, and freed after its reply
+            assert_same(scalers[gpu].transform(X), expected)
+            assert_same(scalers[1 - gpu].transform(X), expected)  # in the slot while that GPU frees the forest
 
 
 def test_a_gpu_whose_process_ends_fails_its_requests_alone(tmp_path, worker):

@@ -113,7 +113,9 @@ class Worker(Listener, QuickOps, FastPath):
                                max_queued=max_queued,
                                cost=lambda item: DEVICE_MEMORY_FACTOR * self._carried_bytes(item),
                                devices=self.devices, affinity=self._affinity if len(self.devices) > 1 else None,
-                               after=self._follow, may_start=self.clients.ready)
+                               # behind a front, a request in a slot may be for another GPU's process: none
+                               # is taken from a slot here, the front hands each to its process
+                               after=None if self.front else self._follow, may_start=self.clients.ready)
         self.counts = Counter()
         self._local = threading.local()
         self.wakeup = None  # inproc PULL socket: wakes the thread that reads (_lead) from its poll
