@@ -25,7 +25,7 @@ from sklearn.svm import SVC
 
 import sklearn_gpu_bridge
 from sklearn_gpu_bridge import GPUSVC, GPUTSNE, GPURandomForestClassifier, GPUStandardScaler
-from sklearn_gpu_bridge.runtime.private_files import pid_alive
+from sklearn_gpu_bridge.runtime.private_files import pid_alive, runtime_folder
 from sklearn_gpu_bridge.worker.backends import SIMULATED_GPU_FAILS
 from sklearn_gpu_bridge.worker.devices import ERRORS_TO_GIVE_UP
 from sklearn_gpu_bridge.worker.handles import tag_of
@@ -91,6 +91,7 @@ def test_a_search_spreads_over_a_process_per_gpu_and_gives_scikit_learns_answer(
         assert reply["threads"] == 4  # 2 calls at once on each
         assert "[GPU 0]" in front.log() and "[GPU 1]" in front.log()  # one log, each line says whose
         assert front.info.address.startswith("tcp://" if bind != "ipc" else "ipc://")
+        assert not list(runtime_folder().glob("front-*.key"))  # the key the GPUs' processes read is gone once ready
 
 
 def test_a_fit_goes_to_the_idle_gpu_and_the_model_s_calls_follow_it(tmp_path, worker):

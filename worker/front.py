@@ -34,9 +34,9 @@ from pathlib import Path
 import zmq
 
 from sklearn_gpu_bridge.config import WORKER_DEFAULTS
-from sklearn_gpu_bridge.errors import ConfigurationError, ProtocolError, VersionMismatch, WorkerUnavailable, describe
+from sklearn_gpu_bridge.errors import ConfigurationError, ProtocolError, WorkerUnavailable, describe
 from sklearn_gpu_bridge.protocol import PROTOCOL_VERSION, Capabilities, Session, new_id, to_plain
-from sklearn_gpu_bridge.protocol.session import Duplicate, StaleMessage
+from sklearn_gpu_bridge.protocol.session import StaleMessage, message_waits
 from sklearn_gpu_bridge.runtime.connection_file import NotAConnectionFile, read_connection_file
 from sklearn_gpu_bridge.runtime.private_files import prepare_folder, runtime_folder, write_private_file
 from sklearn_gpu_bridge.shm import default_directory
@@ -46,7 +46,7 @@ from .devices import DeviceUnusable, parse_gpus
 from .dispatch import WORK
 from .handles import TAG_BITS, HandleTable, tag_of
 from .listener import SWEEP_SECONDS, Listener, read_message
-from .quick_ops import rss_bytes
+from .quick_ops import check_version, rss_bytes
 
 log = logging.getLogger("sklearn_gpu_bridge.worker")
 
@@ -127,7 +127,7 @@ class Front(Listener):
             "--backend", backend, "--device-memory", device_memory, "--log-level", log_level, "--bind", "ipc",
             "--threads", str(threads), "--client-timeout", str(self.client_timeout), "--max-queued", str(max_queued),
             "--max-frame-mb", str(max_frame_mb), "--array-cache-mb", str(array_cache_mb / len(self.gpus)),
-            "--watch-ms", "0", *[arg for folder in pool_dirs for arg in ("--pool-dir", str(folder))]]
+            *[arg for folder in pool_dirs for arg in ("--pool-dir", str(folder))]]
         self.children = []
         self.pending = {}  # request id -> Pending
         self.counts = Counter()
@@ -254,7 +254,7 @@ class Front(Listener):
     # ------------------------------------------------------------ clients' messages
 
     def _read_clients(self):
-        while not self._stopping.is_set() and self.router.poll(0):
+        while not self._stopping.is_set() and message_waits(self.router):
             frames = read_message(self.router, self.refused)
             if frames is None:
                 self._log_dropped(ProtocolError("a message of too many frames"))
@@ -272,7 +272,7 @@ class Front(Listener):
             self._log_dropped(exc)
             self._send(identity, self._error({}, exc))
             return
-        except (Duplicate, ProtocolError) as exc:
+        except ProtocolError as exc:  # a Duplicate too, which no front's client sends
             self._log_dropped(exc)
             return
         op, client = header["op"], header.get("client")
@@ -344,10 +344,7 @@ class Front(Listener):
     # ------------------------------------------------------------ the quick operations
 
     def _hello(self, identity, header):
-        version = header.get("protocol_version")
-        if version != PROTOCOL_VERSION:
-            raise VersionMismatch(f"client speaks protocol {version}, this worker speaks {PROTOCOL_VERSION}: "
-                                  "install the same sklearn-gpu-bridge version on both sides")
+        check_version(header)
         pool, client = header.get("pool"), header.get("client")
         slot = None
         if isinstance(pool, dict) and client is not None:
@@ -419,9 +416,7 @@ class Front(Listener):
             "uptime": time.time() - self.started, "handles": total("handles"), "pools": len(self.clients.pools),
             "clients": max((reply.get("clients") or 0 for reply in parts.values()), default=0),
             "requests": dict(self.counts),
-            "refused": dict(self.session.refused + self.refused
-                            + (self.gatekeeper.refused if self.gatekeeper else Counter())
-                            + (self.handshakes.closed if self.handshakes else Counter())),
+            "refused": self._refusals(),
             "swept": dict(sum((Counter(reply.get("swept") or {}) for reply in parts.values()), Counter())),
             "rss": rss_bytes(), "queued": total("queued"), "threads": total("threads"), "running": total("running"),
             "peak_running": total("peak_running"), "watch_ms": 0.0, "idle_exit": self.idle_exit,
@@ -468,7 +463,7 @@ class Front(Listener):
     # ------------------------------------------------------------ the children's replies
 
     def _read_child(self, child):
-        while child.socket.poll(0):
+        while message_waits(child.socket):
             frames = child.socket.recv_multipart(copy=False)
             try:
                 header, _ = self.inner.unpack(frames, check_buffers=False)
@@ -517,12 +512,8 @@ class Front(Listener):
                                                 **fields}))
 
     def _error(self, header, exc):
-        reply = {"op": "error", "id": new_id(), "parent": header.get("id"), **describe(exc, to_plain)}
-        try:
-            return self.session.pack(reply)
-        except Exception:  # noqa: BLE001 - e.g. args too odd to pickle: send the text alone
-            reply.update(args=(reply["message"],), mro=[("builtins", "Exception")])
-            return self.session.pack(reply)
+        return self._pack_error({"op": "error", "id": new_id(), "parent": header.get("id"),
+                                 **describe(exc, to_plain)})
 
     def _send(self, identity, frames):
         if not self.router.closed:

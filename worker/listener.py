@@ -209,6 +209,20 @@ class Listener:
             return True
         return bool(self.idle_exit) and self._stopped_for_idleness()
 
+    def _pack_error(self, reply):
+        """An error reply's frames (``reply``: its fields); args too odd to send go as the message alone."""
+        try:
+            return self.session.pack(reply)
+        except Exception:  # noqa: BLE001 - e.g. args too odd to pickle: send the text alone
+            reply.update(args=(reply["message"],), mro=[("builtins", "Exception")])
+            return self.session.pack(reply)
+
+    def _refusals(self):
+        """Messages refused so far, by reason: by the session, the reader, the gate and the handshake watch."""
+        return dict(self.session.refused + self.refused
+                    + (self.gatekeeper.refused if self.gatekeeper else Counter())
+                    + (self.handshakes.closed if self.handshakes else Counter()))
+
     def _log_dropped(self, exc):
         """One warning per second at most: a flood of bad messages must not flood the log too."""
         now = time.monotonic()

@@ -8,7 +8,6 @@ estimator; :class:`QuickOps` is the part of :class:`~.server.Worker` that answer
 import gc
 import os
 import time
-from collections import Counter
 
 from sklearn_gpu_bridge.errors import ProtocolError, VersionMismatch
 from sklearn_gpu_bridge.protocol import PROTOCOL_VERSION, Capabilities
@@ -21,6 +20,14 @@ def rss_bytes():
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return None
+
+
+def check_version(header):
+    """VersionMismatch unless a hello speaks this worker's protocol."""
+    version = header.get("protocol_version")
+    if version != PROTOCOL_VERSION:
+        raise VersionMismatch(f"client speaks protocol {version}, this worker speaks {PROTOCOL_VERSION}: "
+                              "install the same sklearn-gpu-bridge version on both sides")
 
 
 def page_faults():
@@ -39,12 +46,7 @@ class QuickOps:
     reports."""
 
     def _hello(self, header):
-        version = header.get("protocol_version")
-        if version != PROTOCOL_VERSION:
-            raise VersionMismatch(
-                f"client speaks protocol {version}, this worker speaks {PROTOCOL_VERSION}: "
-                "install the same sklearn-gpu-bridge version on both sides"
-            )
+        check_version(header)
         pool, client = header.get("pool"), header.get("client")
         slot = None
         if isinstance(pool, dict) and client is not None:
@@ -75,9 +77,7 @@ class QuickOps:
             "backend": self.backend.name, "pid": os.getpid(), "address": self.address,
             "uptime": time.time() - self.started, "handles": len(self.handles),
             "pools": len(self.clients.pools), "clients": len(self.clients), "requests": dict(self.counts),
-            "refused": dict(self.session.refused + self.refused
-                            + (self.gatekeeper.refused if self.gatekeeper else Counter())
-                            + (self.handshakes.closed if self.handshakes else Counter())),
+            "refused": self._refusals(),
             "swept": dict(self.clients.swept), "rss": rss_bytes(), "page_faults": page_faults(),
             "queued": self.queue.waiting(),
             "threads": self.queue.threads, "running": self.queue.running, "peak_running": self.queue.peak,

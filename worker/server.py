@@ -437,11 +437,7 @@ class Worker(Listener, QuickOps, FastPath):
                 log.error("%s is unusable from now on: %s", device.name, device.unusable)
                 if self.front is not None:  # its process ends: the front fails what it still had, and goes on
                     self._stopping.set()
-        try:
-            return self.session.pack(reply)
-        except Exception:  # noqa: BLE001 - e.g. args too odd to pickle: send the text alone
-            reply.update(args=(reply["message"],), mro=[("builtins", "Exception")])
-            return self.session.pack(reply)
+        return self._pack_error(reply)
 
     @staticmethod
     def _releases(header):
